@@ -1,0 +1,126 @@
+// posenc/detail/mask.hpp — positions and masks of one attention call, resolved once and shared by
+// the reference attention and the fused kernel, so both apply exactly the same visibility rule.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "posenc/encoding.hpp"
+#include "posenc/options.hpp"
+
+namespace posenc::detail {
+
+/// Positions and key validity of a call, [batch, len] each, owned (O(L) per batch row).
+struct call_masks {
+  index batch = 0, q_len = 0, k_len = 0;
+  bool causal = false;
+  std::vector<std::int64_t> q_pos;     ///< [batch * q_len]
+  std::vector<std::int64_t> k_pos;     ///< [batch * k_len]
+  std::vector<unsigned char> k_valid;  ///< [batch * k_len], 1 = may be attended
+  std::int64_t q_min = 0, q_max = -1, k_min = 0, k_max = -1;
+
+  [[nodiscard]] const std::int64_t* qp(index b) const { return q_pos.data() + b * q_len; }
+  [[nodiscard]] const std::int64_t* kp(index b) const { return k_pos.data() + b * k_len; }
+  [[nodiscard]] const unsigned char* kv(index b) const { return k_valid.data() + b * k_len; }
+  /// The single visibility rule (FORMAT.md section 3): valid key, and key position <= query position
+  /// when causal.
+  [[nodiscard]] bool visible(index b, index i, index j) const {
+    return kv(b)[j] != 0 && (!causal || kp(b)[j] <= qp(b)[i]);
+  }
+
+  [[nodiscard]] call_info info(index heads, index kv_heads, index head_dim, index value_dim) const {
+    call_info c;
+    c.batch = batch;
+    c.heads = heads;
+    c.kv_heads = kv_heads;
+    c.q_len = q_len;
+    c.k_len = k_len;
+    c.head_dim = head_dim;
+    c.value_dim = value_dim;
+    c.q_positions = positions_view(q_pos.data(), batch, q_len);
+    c.k_positions = positions_view(k_pos.data(), batch, k_len);
+    c.q_min = q_min;
+    c.q_max = q_max;
+    c.k_min = k_min;
+    c.k_max = k_max;
+    return c;
+  }
+};
+
+/// Validate the mask/position options against the shapes and resolve them (throws posenc::error).
+inline call_masks resolve_masks(const attention_options& opt, index batch, index q_len, index k_len) {
+  if (opt.q_positions) {
+    require(opt.q_positions->dimension(0) == batch && opt.q_positions->dimension(1) == q_len, "q_positions",
+            "must be [batch, q_len]", "[", opt.q_positions->dimension(0), ", ", opt.q_positions->dimension(1),
+            "] for batch ", batch, ", q_len ", q_len);
+  }
+  if (opt.k_positions) {
+    require(opt.k_positions->dimension(0) == batch && opt.k_positions->dimension(1) == k_len, "k_positions",
+            "must be [batch, k_len]", "[", opt.k_positions->dimension(0), ", ", opt.k_positions->dimension(1),
+            "] for batch ", batch, ", k_len ", k_len);
+  }
+  if (opt.key_padding_mask) {
+    require(opt.key_padding_mask->dimension(0) == batch && opt.key_padding_mask->dimension(1) == k_len,
+            "key_padding_mask", "must be [batch, k_len]", "[", opt.key_padding_mask->dimension(0), ", ",
+            opt.key_padding_mask->dimension(1), "] for batch ", batch, ", k_len ", k_len);
+  }
+  if (!opt.kv_lengths.empty()) {
+    require(static_cast<index>(opt.kv_lengths.size()) == batch, "kv_lengths", "must have one entry per batch row",
+            opt.kv_lengths.size(), " entries for batch ", batch);
+    for (std::size_t b = 0; b < opt.kv_lengths.size(); ++b)
+      require(opt.kv_lengths[b] >= 0 && opt.kv_lengths[b] <= k_len, "kv_lengths", "entries must be in [0, k_len]",
+              opt.kv_lengths[b], " at batch ", b, ", k_len ", k_len);
+  }
+
+  call_masks m;
+  m.batch = batch;
+  m.q_len = q_len;
+  m.k_len = k_len;
+  m.causal = opt.causal;
+  m.q_pos.resize(static_cast<std::size_t>(batch * q_len));
+  m.k_pos.resize(static_cast<std::size_t>(batch * k_len));
+  m.k_valid.assign(static_cast<std::size_t>(batch * k_len), 1);
+  for (index b = 0; b < batch; ++b) {
+    for (index i = 0; i < q_len; ++i)
+      m.q_pos[b * q_len + i] = opt.q_positions ? (*opt.q_positions)(b, i) : opt.q_offset + i;
+    for (index j = 0; j < k_len; ++j) {
+      m.k_pos[b * k_len + j] = opt.k_positions ? (*opt.k_positions)(b, j) : j;
+      if (opt.key_padding_mask && (*opt.key_padding_mask)(b, j) != 0) m.k_valid[b * k_len + j] = 0;
+      if (!opt.kv_lengths.empty() && j >= opt.kv_lengths[b]) m.k_valid[b * k_len + j] = 0;
+    }
+  }
+  if (!m.q_pos.empty()) {
+    m.q_min = *std::min_element(m.q_pos.begin(), m.q_pos.end());
+    m.q_max = *std::max_element(m.q_pos.begin(), m.q_pos.end());
+  }
+  if (!m.k_pos.empty()) {
+    m.k_min = *std::min_element(m.k_pos.begin(), m.k_pos.end());
+    m.k_max = *std::max_element(m.k_pos.begin(), m.k_pos.end());
+  }
+  return m;
+}
+
+/// Shape checks common to every attention entry point (throws posenc::error naming the argument).
+template <class T>
+void check_attention_shapes(const heads_view<const T>& q, const heads_view<const T>& k,
+                            const heads_view<const T>& v, const heads_view<T>& out) {
+  require(k.batch() == q.batch(), "k", "batch must equal q's batch", k.batch(), " vs ", q.batch());
+  require(v.batch() == q.batch(), "v", "batch must equal q's batch", v.batch(), " vs ", q.batch());
+  require(out.batch() == q.batch(), "out", "batch must equal q's batch", out.batch(), " vs ", q.batch());
+  require(k.dim() == q.dim(), "k", "head_dim must equal q's head_dim", k.dim(), " vs ", q.dim());
+  require(v.seq() == k.seq(), "v", "seq must equal k's seq", v.seq(), " vs ", k.seq());
+  require(v.heads() == k.heads(), "v", "heads must equal k's heads", v.heads(), " vs ", k.heads());
+  require(out.seq() == q.seq(), "out", "seq must equal q's seq", out.seq(), " vs ", q.seq());
+  require(out.heads() == q.heads(), "out", "heads must equal q's heads", out.heads(), " vs ", q.heads());
+  require(out.dim() == v.dim(), "out", "head_dim must equal v's head_dim", out.dim(), " vs ", v.dim());
+  require(k.heads() > 0 || q.heads() == 0, "k", "heads must be > 0", k.heads());
+  require(k.heads() == 0 || q.heads() % k.heads() == 0, "k",
+          "heads (kv_heads) must divide q's heads (GQA/MQA)", k.heads(), " for ", q.heads(), " query heads");
+}
+
+/// GQA/MQA (HF repeat_kv): query head h reads kv head h / (heads / kv_heads).
+[[nodiscard]] inline index kv_head_of(index head, index heads, index kv_heads) { return head / (heads / kv_heads); }
+
+}  // namespace posenc::detail

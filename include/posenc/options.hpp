@@ -1,0 +1,42 @@
+// posenc/options.hpp — what an attention call needs besides q, k, v and the encoding: scale,
+// masks, positions, threads. Shared by the fused kernel (attention.hpp) and the reference
+// attention (reference.hpp), so both read one set of conventions (docs/design.md):
+//  * positions: queries at q_positions (default q_offset + i), keys at k_positions (default j);
+//  * causal: a query at position p sees the keys at positions <= p (KV cache, packed sequences);
+//  * padding: key_padding_mask [batch, k_len], nonzero = padding (FORMAT.md), and/or kv_lengths
+//    (keys j >= kv_lengths[b] are padding);
+//  * a query that sees no key gets an all-zero output (and log-sum-exp -inf).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+
+#include <unsupported/Eigen/CXX11/ThreadPool>
+
+#include "posenc/positions.hpp"
+
+namespace posenc {
+
+struct attention_options {
+  /// Logit scale; unset = the encoding's logit_scale(head_dim), else 1/sqrt(head_dim).
+  std::optional<double> scale{};
+  /// Causal by positions: key visible iff k_position <= q_position.
+  bool causal = false;
+  /// Position of the first query when q_positions is not given (tokens already in the KV cache).
+  std::int64_t q_offset = 0;
+  /// Explicit positions [batch, q_len] / [batch, k_len]; override q_offset and 0..k_len-1.
+  std::optional<positions_view> q_positions{};
+  std::optional<positions_view> k_positions{};
+  /// [batch, k_len], nonzero = padding key (never attended).
+  std::optional<tensor_map<const std::int64_t, 2>> key_padding_mask{};
+  /// Valid key count per batch row (size batch); keys j >= kv_lengths[b] are padding.
+  std::span<const std::int64_t> kv_lengths{};
+  /// Thread pool for (batch, head, query block) work items; null = the calling thread only.
+  Eigen::ThreadPoolInterface* pool = nullptr;
+  /// Tile sizes; 0 = the kernel's measured defaults.
+  index q_block = 0;
+  index k_block = 0;
+};
+
+}  // namespace posenc

@@ -1,0 +1,11 @@
+// posenc/posenc.hpp — umbrella header: the core, the kernel and every encoding family.
+// (posenc/io/* is separate: it needs nlohmann-json.)
+#pragma once
+
+#include "posenc/error.hpp"
+#include "posenc/tensor.hpp"
+#include "posenc/positions.hpp"
+#include "posenc/encoding.hpp"
+#include "posenc/options.hpp"
+#include "posenc/reference.hpp"
+#include "posenc/attention.hpp"

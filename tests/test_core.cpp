@@ -1,0 +1,247 @@
+// Core types: views in both layouts, position helpers, errors, the encoding concept.
+#include <catch2/catch.hpp>
+
+#include <posenc/encoding.hpp>
+#include <posenc/positions.hpp>
+#include <posenc/tensor.hpp>
+
+#include <array>
+#include <numeric>
+#include <string>
+#include <vector>
+
+using Index = posenc::index;  // not `index`: POSIX declares ::index()
+
+namespace {
+
+// Row-major offset of [a, b, c, d] in a tensor of dimensions dims: an independent oracle for the views.
+Index offset4(const std::array<Index, 4>& dims, Index a, Index b, Index c, Index d) {
+  return ((a * dims[1] + b) * dims[2] + c) * dims[3] + d;
+}
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const posenc::error& e) {
+    return e.what();
+  }
+  return "<no posenc::error thrown>";
+}
+
+}  // namespace
+
+TEST_CASE("heads_view over a BSHD buffer addresses [b, s, h, d] row-major", "[core][view]") {
+  const Index B = 2, S = 3, H = 4, D = 5;
+  std::vector<float> buf(B * S * H * D);
+  std::iota(buf.begin(), buf.end(), 0.f);
+  auto v = posenc::bshd(buf.data(), B, S, H, D);
+  CHECK(v.batch() == B);
+  CHECK(v.seq() == S);
+  CHECK(v.heads() == H);
+  CHECK(v.dim() == D);
+  CHECK(v.order() == posenc::layout::bshd);
+  for (Index b = 0; b < B; ++b)
+    for (Index s = 0; s < S; ++s)
+      for (Index h = 0; h < H; ++h)
+        for (Index d = 0; d < D; ++d) CHECK(v(b, s, h, d) == buf[offset4({B, S, H, D}, b, s, h, d)]);
+}
+
+TEST_CASE("heads_view over a BHSD buffer addresses [b, h, s, d] row-major", "[core][view]") {
+  const Index B = 2, S = 3, H = 4, D = 5;
+  std::vector<double> buf(B * S * H * D);
+  std::iota(buf.begin(), buf.end(), 0.0);
+  auto v = posenc::bhsd(buf.data(), B, H, S, D);
+  CHECK(v.seq() == S);
+  CHECK(v.heads() == H);
+  for (Index b = 0; b < B; ++b)
+    for (Index s = 0; s < S; ++s)
+      for (Index h = 0; h < H; ++h)
+        for (Index d = 0; d < D; ++d) CHECK(v(b, s, h, d) == buf[offset4({B, H, S, D}, b, h, s, d)]);
+}
+
+TEST_CASE("heads_view::matrix is a strided view of one (batch, head), never a copy", "[core][view]") {
+  const Index B = 2, S = 6, H = 3, D = 4;
+  std::vector<float> a(B * S * H * D), c(B * S * H * D);
+  std::iota(a.begin(), a.end(), 0.f);
+  std::iota(c.begin(), c.end(), 0.f);
+  for (auto order : {posenc::layout::bshd, posenc::layout::bhsd}) {
+    auto& buf = order == posenc::layout::bshd ? a : c;
+    posenc::heads_view<float> v(buf.data(), B, S, H, D, order);
+    auto m = v.matrix(1, 2, 2, 3);
+    REQUIRE(m.rows() == 3);
+    REQUIRE(m.cols() == D);
+    for (Index r = 0; r < 3; ++r)
+      for (Index d = 0; d < D; ++d) CHECK(&m(r, d) == &v(1, 2 + r, 2, d));
+    m(0, 0) = -1.f;  // writes through to the host buffer
+    CHECK(v(1, 2, 2, 0) == -1.f);
+  }
+}
+
+TEST_CASE("heads_view from a TensorMap keeps the memory order and converts to const", "[core][view]") {
+  std::vector<double> buf(2 * 3 * 4 * 5);
+  std::iota(buf.begin(), buf.end(), 0.0);
+  posenc::tensor_map<double, 4> t(buf.data(), 2, 4, 3, 5);  // BHSD dims in memory order
+  auto v = posenc::bhsd(t);
+  CHECK(v.seq() == 3);
+  CHECK(v.heads() == 4);
+  posenc::heads_view<const double> cv = v;
+  CHECK(cv(1, 2, 3, 4) == t(1, 3, 2, 4));
+  auto back = cv.tensor();
+  CHECK(back.dimension(1) == 4);
+  CHECK(back.data() == buf.data());
+}
+
+TEST_CASE("heads_view rejects negative dimensions and null data", "[core][view][error]") {
+  CHECK_THROWS_AS(posenc::bshd<float>(nullptr, 1, 2, 3, 4), posenc::error);
+  std::vector<float> buf(4);
+  CHECK_THROWS_AS(posenc::bshd(buf.data(), -1, 2, 3, 4), posenc::error);
+  CHECK_NOTHROW(posenc::bshd<float>(nullptr, 0, 2, 3, 4));  // empty is fine
+}
+
+TEST_CASE("contiguous_positions: offset .. offset+seq-1 in every row", "[core][positions]") {
+  auto p = posenc::contiguous_positions(2, 4, 40);
+  REQUIRE(p.dimension(0) == 2);
+  REQUIRE(p.dimension(1) == 4);
+  for (Index b = 0; b < 2; ++b)
+    for (Index s = 0; s < 4; ++s) CHECK(p(b, s) == 40 + s);
+  CHECK_THROWS_AS(posenc::contiguous_positions(-1, 4), posenc::error);
+}
+
+TEST_CASE("positions_from_cu_seqlens restarts at every sequence boundary", "[core][positions]") {
+  const std::vector<std::int64_t> cu{0, 3, 3, 7};
+  auto p = posenc::positions_from_cu_seqlens(cu);
+  REQUIRE(p.dimension(1) == 7);
+  const std::vector<std::int64_t> expected{0, 1, 2, 0, 1, 2, 3};
+  for (Index s = 0; s < 7; ++s) CHECK(p(0, s) == expected[s]);
+}
+
+TEST_CASE("positions_from_cu_seqlens validates its argument", "[core][positions][error]") {
+  const std::vector<std::int64_t> bad_start{1, 3}, decreasing{0, 4, 2};
+  CHECK_THROWS_WITH(posenc::positions_from_cu_seqlens(bad_start), Catch::Contains("cu_seqlens") &&
+                                                                      Catch::Contains("start at 0"));
+  CHECK_THROWS_WITH(posenc::positions_from_cu_seqlens(decreasing), Catch::Contains("non-decreasing"));
+  CHECK_THROWS_AS(posenc::positions_from_cu_seqlens({}), posenc::error);
+}
+
+TEST_CASE("positions_from_attention_mask is cumsum(mask) - 1 for left padding", "[core][positions]") {
+  // HF generate with left padding: row 0 has two pads, row 1 none.
+  const std::vector<std::int64_t> mask{0, 0, 1, 1, 1, 1, 1, 1, 1, 1};
+  posenc::tensor_map<const std::int64_t, 2> m(mask.data(), 2, 5);
+  auto p = posenc::positions_from_attention_mask(m);
+  const std::vector<std::int64_t> expected{1, 1, 0, 1, 2, 0, 1, 2, 3, 4};
+  for (Index i = 0; i < 10; ++i) CHECK(p.data()[i] == expected[i]);
+  const std::vector<std::int64_t> bad{0, 2};
+  CHECK_THROWS_WITH(posenc::positions_from_attention_mask(posenc::tensor_map<const std::int64_t, 2>(bad.data(), 1, 2)),
+                    Catch::Contains("attention_mask") && Catch::Contains("0 or 1"));
+}
+
+TEST_CASE("sequence_length is max(position)+1 over every batch row", "[core][positions]") {
+  const std::vector<std::int64_t> pos{0, 1, 9, 3, 4, 5};
+  CHECK(posenc::sequence_length(posenc::positions_view(pos.data(), 2, 3)) == 10);
+  CHECK(posenc::sequence_length(posenc::positions_view(pos.data(), 0, 3)) == 0);
+}
+
+TEST_CASE("posenc::error messages name the argument, the constraint and the value", "[core][error]") {
+  const auto msg = message_of([] { posenc::require(false, "kv_lengths", "entries must be in [0, k_len]", 9, " at batch ", 1); });
+  CHECK(msg == "posenc: kv_lengths: entries must be in [0, k_len] (got 9 at batch 1)");
+  CHECK(message_of([] { posenc::require(false, "x", "must be set"); }) == "posenc: x: must be set");
+  CHECK_NOTHROW(posenc::require(true, "x", "never thrown"));
+  // Callers catching the standard type keep working.
+  CHECK_THROWS_AS(posenc::require(false, "x", "c"), std::invalid_argument);
+}
+
+// ---- the encoding concept ------------------------------------------------------------------------
+
+namespace {
+struct hookless {
+  int something = 0;
+  void unrelated() const {}
+};
+struct only_scale {
+  double logit_scale(Index) const { return 1.0; }
+};
+struct a_bias {
+  template <class T>
+  void add_position_bias(const posenc::tile<T>&, posenc::matrix_map<T>) const {}
+};
+struct a_transform {
+  template <class T>
+  void transform_qk(posenc::qk_role, Index, std::span<const std::int64_t>, posenc::matrix_map<T>) const {}
+};
+struct a_score_term {
+  template <class T>
+  void add_score_terms(const posenc::tile<T>&, T, posenc::matrix_map<T>) const {}
+};
+struct a_value_term {
+  Index value_bucket_count() const { return 1; }
+  template <class T>
+  void value_buckets(const posenc::tile<T>&, posenc::index_tile) const {}
+  template <class T>
+  posenc::const_matrix_map<T> value_table(Index) const {
+    return {nullptr, 0, 0, Eigen::OuterStride<>(1)};
+  }
+};
+struct an_input {
+  template <class T>
+  void add_to(posenc::tensor_map<T, 3>, posenc::positions_view) const {}
+};
+struct float_only_bias {  // a hook for one scalar type is enough
+  void add_position_bias(const posenc::tile<float>&, posenc::matrix_map<float>) const {}
+};
+struct wrong_signature {  // right name, wrong arguments: not a hook
+  void add_position_bias(int) const {}
+};
+}  // namespace
+
+TEST_CASE("the encoding concept accepts every hook kind and rejects a hookless type", "[core][concept]") {
+  STATIC_REQUIRE_FALSE(posenc::encoding<hookless>);
+  STATIC_REQUIRE_FALSE(posenc::encoding<int>);
+  STATIC_REQUIRE_FALSE(posenc::encoding<wrong_signature>);
+  STATIC_REQUIRE(posenc::attention_encoding<only_scale>);
+  STATIC_REQUIRE(posenc::attention_encoding<a_bias>);
+  STATIC_REQUIRE(posenc::attention_encoding<a_transform>);
+  STATIC_REQUIRE(posenc::attention_encoding<a_score_term>);
+  STATIC_REQUIRE(posenc::attention_encoding<a_value_term>);
+  STATIC_REQUIRE(posenc::attention_encoding<float_only_bias>);
+  STATIC_REQUIRE(posenc::attention_encoding<posenc::no_position>);
+  STATIC_REQUIRE(posenc::input_encoding<an_input>);
+  STATIC_REQUIRE_FALSE(posenc::attention_encoding<an_input>);
+  STATIC_REQUIRE(posenc::encoding<an_input>);
+}
+
+TEST_CASE("hook detection is per scalar type", "[core][concept]") {
+  STATIC_REQUIRE(posenc::has_position_bias<float_only_bias, float>);
+  STATIC_REQUIRE_FALSE(posenc::has_position_bias<float_only_bias, double>);
+  STATIC_REQUIRE(posenc::has_position_bias<a_bias, double>);
+  STATIC_REQUIRE_FALSE(posenc::has_qk_transform<a_bias, double>);
+  STATIC_REQUIRE(posenc::has_value_terms<a_value_term, float>);
+  STATIC_REQUIRE(posenc::has_logit_scale<only_scale>);
+  STATIC_REQUIRE_FALSE(posenc::has_bind<only_scale>);
+}
+
+TEST_CASE("default_logit_scale: the encoding's, else 1/sqrt(d)", "[core][concept]") {
+  CHECK(posenc::default_logit_scale(only_scale{}, 64) == 1.0);
+  CHECK(posenc::default_logit_scale(a_bias{}, 64) == Approx(0.125).epsilon(1e-15));
+  CHECK(posenc::default_logit_scale(posenc::no_position{}, 128) == Approx(1.0 / std::sqrt(128.0)).epsilon(1e-15));
+}
+
+namespace {
+struct counting_bind {
+  struct bound {
+    std::int64_t span;
+    double logit_scale(Index) const { return static_cast<double>(span); }
+  };
+  bound bind(const posenc::call_info& c) const { return {c.k_max - c.q_min}; }
+};
+}  // namespace
+
+TEST_CASE("bind_encoding returns the bound object when there is bind, the encoding itself otherwise", "[core][concept]") {
+  posenc::call_info info;
+  info.q_min = 3;
+  info.k_max = 10;
+  auto b = posenc::detail::bind_encoding(counting_bind{}, info);
+  CHECK(b.logit_scale(1) == 7.0);
+  const only_scale s;
+  const auto& same = posenc::detail::bind_encoding(s, info);
+  CHECK(&same == &s);
+}

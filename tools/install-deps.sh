@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Install what posenc's build, tests and benchmarks need from Debian 12 packages; a no-op (and no
+# network) when everything is already there. Works as root or through sudo.
+set -euo pipefail
+pkgs=(cmake ninja-build g++ clang libeigen3-dev catch2 libbenchmark-dev nlohmann-json3-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+echo "install-deps: installing ${missing[*]}"
+sudo=""
+[ "$(id -u)" -ne 0 ] && sudo="sudo"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
