@@ -9,3 +9,9 @@
 #include "posenc/options.hpp"
 #include "posenc/reference.hpp"
 #include "posenc/attention.hpp"
+
+#include "posenc/sinusoidal.hpp"
+#include "posenc/learned.hpp"
+#include "posenc/rope.hpp"
+#include "posenc/alibi.hpp"
+#include "posenc/t5.hpp"
