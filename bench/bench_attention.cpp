@@ -1,0 +1,171 @@
+// Fused attention kernel vs the practical peak (a plain Eigen GEMM of the Q K^T shape) and a naive
+// materialized attention, H = 8 heads, batch 1, BSHD, float.
+//
+// Counters (per second, in GFLOP/s):
+//   GFLOPs        dense count 4 * Lq * Lk * d per head (Q K^T and P V), also for causal runs, so a
+//                 causal run that skips the upper triangle shows about twice the dense rate;
+//   useful_GFLOPs the causal-useful count 4 * d * L (L + 1) / 2 per head (= GFLOPs when not causal);
+//   GEMM runs count 2 * L * L * d per head (the one product they do).
+// Arguments: L, d, causal (0/1), threads (1 = the calling thread, no pool; 2 = Eigen::ThreadPool(2)).
+// Speed targets live here and in docs/performance.md, never in unit tests.
+#include <benchmark/benchmark.h>
+
+#include <posenc/attention.hpp>
+
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <vector>
+
+namespace {
+
+using Index = posenc::index;
+constexpr Index kHeads = 8;
+
+template <class T>
+std::vector<T> random_vector(std::size_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<T> v(n);
+  for (auto& e : v) e = static_cast<T>(nd(rng));
+  return v;
+}
+
+struct inputs {
+  Index L, d;
+  std::vector<float> q, k, v, out;
+  inputs(Index len, Index dim) : L(len), d(dim) {
+    const auto n = static_cast<std::size_t>(L * kHeads * d);
+    q = random_vector<float>(n, 1);
+    k = random_vector<float>(n, 2);
+    v = random_vector<float>(n, 3);
+    out.assign(n, 0.f);
+  }
+  [[nodiscard]] posenc::heads_view<const float> Q() const { return posenc::bshd<const float>(q.data(), 1, L, kHeads, d); }
+  [[nodiscard]] posenc::heads_view<const float> K() const { return posenc::bshd<const float>(k.data(), 1, L, kHeads, d); }
+  [[nodiscard]] posenc::heads_view<const float> V() const { return posenc::bshd<const float>(v.data(), 1, L, kHeads, d); }
+};
+
+void set_counters(benchmark::State& state, Index L, Index d, bool causal, double flops_per_head_dense) {
+  const double iters = static_cast<double>(state.iterations());
+  const double dense = flops_per_head_dense * kHeads * iters;
+  const double useful = causal ? dense * (static_cast<double>(L) + 1) / (2.0 * static_cast<double>(L)) : dense;
+  state.counters["GFLOPs"] = benchmark::Counter(dense * 1e-9, benchmark::Counter::kIsRate);
+  state.counters["useful_GFLOPs"] = benchmark::Counter(useful * 1e-9, benchmark::Counter::kIsRate);
+  (void)d;
+}
+
+std::unique_ptr<Eigen::ThreadPool> make_pool(Index threads) {
+  return threads > 1 ? std::make_unique<Eigen::ThreadPool>(static_cast<int>(threads)) : nullptr;
+}
+
+void BM_fused(benchmark::State& state) {
+  const Index L = state.range(0), d = state.range(1), threads = state.range(3);
+  const bool causal = state.range(2) != 0;
+  inputs x(L, d);
+  const auto pool = make_pool(threads);
+  posenc::attention_options opt;
+  opt.causal = causal;
+  opt.pool = pool.get();
+  // Tile sizes for tuning runs (POSENC_Q_BLOCK / POSENC_K_BLOCK); unset = the kernel's defaults.
+  if (const char* e = std::getenv("POSENC_Q_BLOCK")) opt.q_block = std::atol(e);
+  if (const char* e = std::getenv("POSENC_K_BLOCK")) opt.k_block = std::atol(e);
+  for (auto _ : state) {
+    posenc::attention<float>(x.Q(), x.K(), x.V(), posenc::bshd(x.out.data(), 1, L, kHeads, d), posenc::no_position{},
+                             opt);
+    benchmark::DoNotOptimize(x.out.data());
+    benchmark::ClobberMemory();
+  }
+  set_counters(state, L, d, causal, 4.0 * static_cast<double>(L) * static_cast<double>(L) * static_cast<double>(d));
+}
+
+// Runs f(head) for the 8 heads, on `threads` threads (heads split evenly, no pool overhead inside).
+template <class F>
+void for_heads(Eigen::ThreadPool* pool, F&& f) {
+  if (pool == nullptr) {
+    for (Index h = 0; h < kHeads; ++h) f(h);
+    return;
+  }
+  const int n = pool->NumThreads();
+  Eigen::Barrier done(static_cast<unsigned>(n));
+  for (int t = 0; t < n; ++t)
+    pool->Schedule([&, t] {
+      for (Index h = t; h < kHeads; h += n) f(h);
+      done.Notify();
+    });
+  done.Wait();
+}
+
+using row_matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+// The practical peak: S = Q K^T per head (one [L x L] product), the kernel's dominant shape.
+void BM_gemm_qkT(benchmark::State& state) {
+  const Index L = state.range(0), d = state.range(1), threads = state.range(3);
+  inputs x(L, d);
+  const auto pool = make_pool(threads);
+  std::vector<row_matrix> s(static_cast<std::size_t>(threads), row_matrix(L, L));
+  for (auto _ : state) {
+    for_heads(pool.get(), [&](Index h) {
+      const Index t = pool ? pool->CurrentThreadId() : 0;
+      s[static_cast<std::size_t>(t)].noalias() = x.Q().matrix(0, h) * x.K().matrix(0, h).transpose();
+    });
+    benchmark::ClobberMemory();
+  }
+  set_counters(state, L, d, false, 2.0 * static_cast<double>(L) * static_cast<double>(L) * static_cast<double>(d));
+}
+
+// Naive materialized attention per head: S = (scale Q) K^T, mask, softmax by rows, O = P V.
+void BM_naive(benchmark::State& state) {
+  const Index L = state.range(0), d = state.range(1), threads = state.range(3);
+  const bool causal = state.range(2) != 0;
+  inputs x(L, d);
+  const auto pool = make_pool(threads);
+  std::vector<row_matrix> s(static_cast<std::size_t>(threads), row_matrix(L, L));
+  std::vector<row_matrix> qs(static_cast<std::size_t>(threads), row_matrix(L, d));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  for (auto _ : state) {
+    for_heads(pool.get(), [&](Index h) {
+      const auto t = static_cast<std::size_t>(pool ? pool->CurrentThreadId() : 0);
+      qs[t] = x.Q().matrix(0, h) * scale;
+      row_matrix& S = s[t];
+      S.noalias() = qs[t] * x.K().matrix(0, h).transpose();
+      for (Index i = 0; i < L; ++i) {
+        auto row = S.row(i).array();
+        if (causal) row.tail(L - i - 1).setConstant(-std::numeric_limits<float>::infinity());
+        row = (row - row.maxCoeff()).exp();
+        row /= row.sum();
+      }
+      posenc::bshd(x.out.data(), 1, L, kHeads, d).matrix(0, h).noalias() = S * x.V().matrix(0, h);
+    });
+    benchmark::ClobberMemory();
+  }
+  set_counters(state, L, d, causal, 4.0 * static_cast<double>(L) * static_cast<double>(L) * static_cast<double>(d));
+}
+
+void fused_args(benchmark::internal::Benchmark* b) {
+  for (Index L : {128, 512, 2048, 4096, 8192})
+    for (Index d : {64, 128})
+      for (Index causal : {0, 1})
+        for (Index threads : {1, 2}) b->Args({L, d, causal, threads});
+  b->Args({16384, 128, 1, 1});
+  b->Args({16384, 128, 1, 2});
+}
+void reference_args(benchmark::internal::Benchmark* b) {  // materialized [L x L]: L <= 4096
+  for (Index L : {128, 512, 2048, 4096})
+    for (Index d : {64, 128})
+      for (Index causal : {0, 1})
+        for (Index threads : {1, 2}) b->Args({L, d, causal, threads});
+}
+void gemm_args(benchmark::internal::Benchmark* b) {
+  for (Index L : {128, 512, 2048, 4096})
+    for (Index d : {64, 128})
+      for (Index threads : {1, 2}) b->Args({L, d, 0, threads});
+}
+
+BENCHMARK(BM_fused)->Apply(fused_args)->ArgNames({"L", "d", "causal", "threads"})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_gemm_qkT)->Apply(gemm_args)->ArgNames({"L", "d", "causal", "threads"})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_naive)->Apply(reference_args)->ArgNames({"L", "d", "causal", "threads"})->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
+
+BENCHMARK_MAIN();

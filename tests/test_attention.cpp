@@ -1,0 +1,1089 @@
+// The fused attention kernel (posenc/attention.hpp) against the double reference attention
+// (posenc/reference.hpp), which materializes every score and applies every term by its plainest
+// per-element formula. Test encodings defined here exercise each hook kind; the reference gets the
+// same formula as a per-element callable written independently of the hook's tiled code.
+#include <catch2/catch.hpp>
+
+#include <posenc/attention.hpp>
+#include <posenc/detail/relative.hpp>
+#include <posenc/reference.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <span>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "golden.hpp"
+
+using Index = posenc::index;  // not `index`: POSIX declares ::index()
+using posenc::layout;
+
+namespace {
+
+constexpr double inf = std::numeric_limits<double>::infinity();
+
+// ---- problem set-up ---------------------------------------------------------------------------
+
+enum class padding { none, mask, lengths };
+enum class offset { none, q_offset, explicit_positions, shuffled_keys };
+
+struct config {
+  Index B = 2, Sq = 7, Sk = 7, H = 2, Hkv = 2, D = 8, Dv = 8;
+  layout order = layout::bshd;
+  bool causal = false;
+  padding pad = padding::none;
+  offset off = offset::none;
+  Index q_block = 0, k_block = 0;
+  unsigned seed = 1;
+  double scale_inputs = 1.0;
+};
+
+std::string describe(const config& c) {
+  return "B=" + std::to_string(c.B) + " Sq=" + std::to_string(c.Sq) + " Sk=" + std::to_string(c.Sk) +
+         " H=" + std::to_string(c.H) + "/" + std::to_string(c.Hkv) + " D=" + std::to_string(c.D) +
+         " Dv=" + std::to_string(c.Dv) + (c.order == layout::bshd ? " bshd" : " bhsd") +
+         (c.causal ? " causal" : "") + " pad=" + std::to_string(static_cast<int>(c.pad)) +
+         " off=" + std::to_string(static_cast<int>(c.off)) + " blocks=" + std::to_string(c.q_block) + "x" +
+         std::to_string(c.k_block);
+}
+
+// Inputs in double plus the masks/positions the options point into (kept alive here).
+struct problem {
+  config c;
+  std::vector<double> q, k, v;
+  std::vector<std::int64_t> pad_mask, kv_len, q_pos, k_pos;
+
+  explicit problem(const config& cfg) : c(cfg) {
+    std::mt19937 rng(c.seed);
+    std::normal_distribution<double> n(0.0, 1.0);
+    q.resize(static_cast<std::size_t>(c.B * c.Sq * c.H * c.D));
+    k.resize(static_cast<std::size_t>(c.B * c.Sk * c.Hkv * c.D));
+    v.resize(static_cast<std::size_t>(c.B * c.Sk * c.Hkv * c.Dv));
+    for (auto* x : {&q, &k, &v})
+      for (auto& e : *x) e = c.scale_inputs * n(rng);
+    std::uniform_int_distribution<int> coin(0, 3);
+    if (c.pad == padding::mask) {
+      pad_mask.assign(static_cast<std::size_t>(c.B * c.Sk), 0);
+      for (auto& p : pad_mask) p = coin(rng) == 0 ? 1 : 0;  // ~25 % padding keys
+      // a batch row whose keys are all padding when there is more than one row
+      if (c.B > 1) std::fill(pad_mask.begin() + (c.B - 1) * c.Sk, pad_mask.end(), 1);
+    }
+    if (c.pad == padding::lengths) {
+      kv_len.resize(static_cast<std::size_t>(c.B));
+      for (Index b = 0; b < c.B; ++b) kv_len[b] = b == 0 ? c.Sk : (b == 1 ? (c.Sk + 1) / 2 : 0);
+    }
+    if (c.off == offset::explicit_positions || c.off == offset::shuffled_keys) {
+      q_pos.resize(static_cast<std::size_t>(c.B * c.Sq));
+      k_pos.resize(static_cast<std::size_t>(c.B * c.Sk));
+      for (Index b = 0; b < c.B; ++b) {
+        // left padding style: keys start at -b (positions may be negative), queries at the end
+        for (Index j = 0; j < c.Sk; ++j) k_pos[b * c.Sk + j] = j - b;
+        for (Index i = 0; i < c.Sq; ++i) q_pos[b * c.Sq + i] = std::max<Index>(c.Sk - c.Sq, 0) + i - b;
+        if (c.off == offset::shuffled_keys) {
+          std::shuffle(k_pos.begin() + b * c.Sk, k_pos.begin() + (b + 1) * c.Sk, rng);
+          std::shuffle(q_pos.begin() + b * c.Sq, q_pos.begin() + (b + 1) * c.Sq, rng);
+        }
+      }
+    }
+  }
+
+  [[nodiscard]] posenc::attention_options options() const {
+    posenc::attention_options o;
+    o.causal = c.causal;
+    o.q_block = c.q_block;
+    o.k_block = c.k_block;
+    if (c.off == offset::q_offset) o.q_offset = std::max<Index>(c.Sk - c.Sq, 0);  // KV cache
+    if (!q_pos.empty()) {
+      o.q_positions = posenc::positions_view(q_pos.data(), c.B, c.Sq);
+      o.k_positions = posenc::positions_view(k_pos.data(), c.B, c.Sk);
+    }
+    if (!pad_mask.empty()) o.key_padding_mask = posenc::tensor_map<const std::int64_t, 2>(pad_mask.data(), c.B, c.Sk);
+    if (!kv_len.empty()) o.kv_lengths = kv_len;
+    return o;
+  }
+};
+
+template <class T>
+posenc::heads_view<T> view(T* data, Index B, Index S, Index H, Index D, layout order) {
+  return order == layout::bshd ? posenc::bshd<T>(data, B, S, H, D) : posenc::bhsd<T>(data, B, H, S, D);
+}
+
+template <class T>
+std::vector<T> cast(const std::vector<double>& x) {
+  return std::vector<T>(x.begin(), x.end());
+}
+
+struct result {
+  std::vector<double> out, lse;
+};
+
+// Kernel in T on the problem's inputs rounded to T.
+template <class T, class E>
+result run_kernel(const problem& p, const E& enc, Eigen::ThreadPoolInterface* pool = nullptr) {
+  const config& c = p.c;
+  const auto q = cast<T>(p.q), k = cast<T>(p.k), v = cast<T>(p.v);
+  std::vector<T> out(static_cast<std::size_t>(c.B * c.Sq * c.H * c.Dv), T(123));
+  std::vector<T> lse(static_cast<std::size_t>(c.B * c.H * c.Sq), T(123));
+  auto opt = p.options();
+  opt.pool = pool;
+  posenc::attention<T>(view<const T>(q.data(), c.B, c.Sq, c.H, c.D, c.order),
+                       view<const T>(k.data(), c.B, c.Sk, c.Hkv, c.D, c.order),
+                       view<const T>(v.data(), c.B, c.Sk, c.Hkv, c.Dv, c.order),
+                       view<T>(out.data(), c.B, c.Sq, c.H, c.Dv, c.order),
+                       posenc::tensor_map<T, 3>(lse.data(), c.B, c.H, c.Sq), enc, opt);
+  return {std::vector<double>(out.begin(), out.end()), std::vector<double>(lse.begin(), lse.end())};
+}
+
+// Reference in double on the same inputs rounded to T (so only the kernel's arithmetic differs).
+// `qk` optionally rewrites the (rounded) q and k first (the materialized Q/K transform).
+template <class T, class QK = std::nullptr_t>
+result run_reference(const problem& p, const posenc::reference_terms<double>& terms, QK qk = nullptr,
+                     std::vector<double>* probs = nullptr) {
+  const config& c = p.c;
+  auto round = [](const std::vector<double>& x) {
+    std::vector<double> r(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) r[i] = static_cast<double>(static_cast<T>(x[i]));
+    return r;
+  };
+  auto q = round(p.q), k = round(p.k), v = round(p.v);
+  const auto vq = view<double>(q.data(), c.B, c.Sq, c.H, c.D, c.order);
+  const auto vk = view<double>(k.data(), c.B, c.Sk, c.Hkv, c.D, c.order);
+  if constexpr (!std::is_same_v<QK, std::nullptr_t>) qk(vq, vk);
+  result r;
+  r.out.assign(static_cast<std::size_t>(c.B * c.Sq * c.H * c.Dv), 0.0);
+  r.lse.assign(static_cast<std::size_t>(c.B * c.H * c.Sq), 0.0);
+  std::optional<posenc::tensor_map<double, 4>> pr;
+  if (probs != nullptr) {
+    probs->assign(static_cast<std::size_t>(c.B * c.H * c.Sq * c.Sk), 0.0);
+    pr = posenc::tensor_map<double, 4>(probs->data(), c.B, c.H, c.Sq, c.Sk);
+  }
+  posenc::reference_attention<double>(vq, vk, view<const double>(v.data(), c.B, c.Sk, c.Hkv, c.Dv, c.order),
+                                      view<double>(r.out.data(), c.B, c.Sq, c.H, c.Dv, c.order), p.options(),
+                                      terms, pr, posenc::tensor_map<double, 3>(r.lse.data(), c.B, c.H, c.Sq));
+  return r;
+}
+
+// Float: tolerance scaled to the magnitude of the values; double: ~1e-12 relative.
+template <class T>
+void expect_close(const std::vector<double>& got, const std::vector<double>& want, const std::string& what,
+                  double float_tol = 2e-5, double double_tol = 1e-12) {
+  REQUIRE(got.size() == want.size());
+  double mag = 1.0;
+  for (double w : want)
+    if (std::isfinite(w)) mag = std::max(mag, std::abs(w));
+  const double tol = (std::is_same_v<T, float> ? float_tol : double_tol) * mag;
+  double worst = 0;
+  std::size_t at = 0, mismatched_special = got.size();
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    // -inf (an lse of a row that sees nothing) must match exactly; NaN is never acceptable
+    const bool special_ok = std::isinf(want[i]) ? got[i] == want[i] : std::isfinite(got[i]);
+    if (!special_ok && mismatched_special == got.size()) mismatched_special = i;
+    if (!std::isfinite(want[i]) || !std::isfinite(got[i])) continue;
+    const double e = std::abs(got[i] - want[i]);
+    if (e > worst) worst = e, at = i;
+  }
+  {
+    INFO(what << ": first non-finite or mismatched infinity at " << mismatched_special);
+    CHECK(mismatched_special == got.size());
+  }
+  INFO(what << ": worst |error| " << worst << " at " << at << " (tolerance " << tol << ")");
+  CHECK(worst <= tol);
+}
+
+template <class T, class E, class QK = std::nullptr_t>
+void check_case(const config& c, const E& enc = {}, const posenc::reference_terms<double>& terms = {}, QK qk = nullptr) {
+  INFO(describe(c) << (std::is_same_v<T, float> ? " float" : " double"));
+  const problem p(c);
+  const result got = run_kernel<T>(p, enc);
+  const result want = run_reference<T>(p, terms, qk);
+  expect_close<T>(got.out, want.out, "out");
+  expect_close<T>(got.lse, want.lse, "lse");
+}
+
+// The resolved positions of a problem (the test encodings' reference callables read them).
+posenc::detail::call_masks masks_of(const problem& p) {
+  return posenc::detail::resolve_masks(p.options(), p.c.B, p.c.Sq, p.c.Sk);
+}
+
+// ---- test encodings: one per hook kind ----------------------------------------------------------
+
+// Q/K transform: rotate feature pairs (2t, 2t+1) by pos * theta_t * (1 + head/4), a RoPE-like
+// per-position rotation whose angle also depends on the head index the kernel passes (the kv head
+// for keys), and that counts how many tokens it transformed.
+double rotation_angle(std::int64_t pos, Index pair, Index head) {
+  return static_cast<double>(pos) * std::pow(100.0, -static_cast<double>(pair) / 4.0) * (1.0 + 0.25 * head);
+}
+struct rotate_qk {
+  std::shared_ptr<std::atomic<long>> tokens = std::make_shared<std::atomic<long>>(0);
+  template <class T>
+  void transform_qk(posenc::qk_role, Index head, std::span<const std::int64_t> pos, posenc::matrix_map<T> x) const {
+    // (no Catch assertion here: hooks run on pool threads, and Catch is not thread-safe)
+    *tokens += static_cast<long>(pos.size() == static_cast<std::size_t>(x.rows()) ? x.rows() : -1000000);
+    for (Index r = 0; r < x.rows(); ++r)
+      for (Index t = 0; t + 1 < x.cols(); t += 2) {
+        const double a = rotation_angle(pos[r], t / 2, head);
+        const T c = static_cast<T>(std::cos(a)), s = static_cast<T>(std::sin(a));
+        const T x0 = x(r, t), x1 = x(r, t + 1);
+        x(r, t) = c * x0 - s * x1;
+        x(r, t + 1) = s * x0 + c * x1;
+      }
+  }
+};
+// The same rotation materialized over whole tensors for the reference.
+auto rotate_reference(const problem& p) {
+  return [&p](posenc::heads_view<double> q, posenc::heads_view<double> k) {
+    const auto m = masks_of(p);
+    auto rot = [](posenc::heads_view<double> x, const posenc::detail::call_masks& m, bool is_q, Index heads) {
+      for (Index b = 0; b < x.batch(); ++b)
+        for (Index s = 0; s < x.seq(); ++s)
+          for (Index h = 0; h < heads; ++h) {
+            const std::int64_t pos = is_q ? m.qp(b)[s] : m.kp(b)[s];
+            for (Index t = 0; t + 1 < x.dim(); t += 2) {
+              const double a = rotation_angle(pos, t / 2, h);
+              const double x0 = x(b, s, h, t), x1 = x(b, s, h, t + 1);
+              x(b, s, h, t) = std::cos(a) * x0 - std::sin(a) * x1;
+              x(b, s, h, t + 1) = std::sin(a) * x0 + std::cos(a) * x1;
+            }
+          }
+    };
+    rot(q, m, true, q.heads());
+    rot(k, m, false, k.heads());
+  };
+}
+
+// Position-only bias after the scale: -0.1 (h + 1) |i - j| by positions (ALiBi-like, symmetric).
+// It also records whether the kernel ever handed it a tile that nothing in it can see (such
+// tiles must be skipped).
+struct distance_bias {
+  const std::vector<unsigned char>* k_valid = nullptr;  // optional [batch * k_len] validity
+  Index k_len = 0;
+  bool causal = false;
+  std::shared_ptr<std::atomic<bool>> saw_dead_tile = std::make_shared<std::atomic<bool>>(false);
+  template <class T>
+  void add_position_bias(const posenc::tile<T>& t, posenc::matrix_map<T> s) const {
+    bool any = false;
+    for (Index i = 0; i < t.rows; ++i)
+      for (Index j = 0; j < t.cols; ++j) {
+        s(i, j) += static_cast<T>(-0.1 * static_cast<double>(t.head + 1) *
+                                  static_cast<double>(std::abs(t.q_pos[i] - t.k_pos[j])));
+        const bool valid = k_valid == nullptr || (*k_valid)[t.batch * k_len + t.k_first + j] != 0;
+        any = any || (valid && (!causal || t.k_pos[j] <= t.q_pos[i]));
+      }
+    if (!any) *saw_dead_tile = true;
+  }
+};
+posenc::reference_terms<double> distance_bias_terms(const problem& p) {
+  auto m = std::make_shared<posenc::detail::call_masks>(masks_of(p));
+  posenc::reference_terms<double> r;
+  r.bias = [m](Index b, Index h, Index i, Index j) {
+    return -0.1 * static_cast<double>(h + 1) * static_cast<double>(std::abs(m->qp(b)[i] - m->kp(b)[j]));
+  };
+  return r;
+}
+
+// Relative score terms inside the scale with clipped relative tables (Shaw-style query side and
+// DeBERTa-p2c-style key side): term = q_i . Rq[clip(j-i)+K] + k_j . Rk[clip(i-j)+K], computed per
+// tile through detail/relative.hpp (products with just the needed table rows, then a gather).
+struct relative_terms {
+  Index K = 3;
+  std::vector<double> rq, rk;  // [2K+1, d]
+  std::vector<float> rq32, rk32;
+  relative_terms(Index max_distance, Index d, unsigned seed) : K(max_distance) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<double> n(0.0, 0.5);
+    rq.resize(static_cast<std::size_t>((2 * K + 1) * d));
+    rk.resize(rq.size());
+    for (auto& e : rq) e = n(rng);
+    for (auto& e : rk) e = n(rng);
+    rq32.assign(rq.begin(), rq.end());
+    rk32.assign(rk.begin(), rk.end());
+  }
+  template <class T>
+  [[nodiscard]] posenc::const_matrix_map<T> table(bool query_side, Index d) const {
+    const T* data;
+    if constexpr (std::is_same_v<T, float>) data = query_side ? rq32.data() : rk32.data();
+    else data = query_side ? rq.data() : rk.data();
+    return posenc::const_matrix_map<T>(data, 2 * K + 1, d, Eigen::OuterStride<>(d));
+  }
+  template <class T>
+  void add_score_terms(const posenc::tile<T>& t, T scale, posenc::matrix_map<T> s) const {
+    namespace pd = posenc::detail;
+    const Index d = t.q.cols();
+    Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> prod;
+    // query side: buckets clip(k - q) + K
+    const pd::bucket_range rq_range = pd::clipped_relative_range(t.q_pos, t.rows, t.k_pos, t.cols, K);
+    pd::relative_products<T>(t.q, table<T>(true, d), rq_range, prod);
+    pd::gather_add_by_row<T>(prod, rq_range, [&](Index i, Index j) {
+      return pd::clipped_relative_bucket(t.q_pos[i], t.k_pos[j], K);
+    }, scale, s);
+    // key side: buckets clip(q - k) + K (positions swapped)
+    const pd::bucket_range rk_range = pd::clipped_relative_range(t.k_pos, t.cols, t.q_pos, t.rows, K);
+    pd::relative_products<T>(t.k, table<T>(false, d), rk_range, prod);
+    pd::gather_add_by_col<T>(prod, rk_range, [&](Index i, Index j) {
+      return pd::clipped_relative_bucket(t.k_pos[j], t.q_pos[i], K);
+    }, scale, s);
+  }
+};
+posenc::reference_terms<double> relative_reference(const problem& p, const relative_terms& e) {
+  auto m = std::make_shared<posenc::detail::call_masks>(masks_of(p));
+  // the reference sees the inputs rounded to the kernel's type; relative terms use the same rounding
+  // through the float tables, so a double table is exact for double and rq32 widened for float.
+  const config c = p.c;
+  auto q = std::make_shared<std::vector<double>>(p.q);
+  auto k = std::make_shared<std::vector<double>>(p.k);
+  posenc::reference_terms<double> r;
+  r.score_term = [m, q, k, c, &e](Index b, Index h, Index i, Index j) {
+    const auto vq = view<const double>(q->data(), c.B, c.Sq, c.H, c.D, c.order);
+    const auto vk = view<const double>(k->data(), c.B, c.Sk, c.Hkv, c.D, c.order);
+    const Index hk = h / (c.H / c.Hkv);
+    const std::int64_t pi = m->qp(b)[i], pj = m->kp(b)[j];
+    const Index bq = std::clamp<std::int64_t>(pj - pi, -e.K, e.K) + e.K;
+    const Index bk = std::clamp<std::int64_t>(pi - pj, -e.K, e.K) + e.K;
+    double sum = 0;
+    for (Index d = 0; d < c.D; ++d)
+      sum += vq(b, i, h, d) * e.rq[bq * c.D + d] + vk(b, j, hk, d) * e.rk[bk * c.D + d];
+    return sum;
+  };
+  return r;
+}
+
+// Value term per relative bucket (Shaw's a^V_ij): out_i += sum_j p_ij W_h[clip(j - i) + K], with a
+// per-head table W_h [2K+1, dv].
+struct relative_values {
+  Index K = 2, heads = 1, dv = 1;
+  std::vector<double> w;  // [heads, 2K+1, dv]
+  std::vector<float> w32;
+  relative_values(Index max_distance, Index h, Index value_dim, unsigned seed) : K(max_distance), heads(h), dv(value_dim) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<double> n(0.0, 1.0);
+    w.resize(static_cast<std::size_t>(heads * (2 * K + 1) * dv));
+    for (auto& e : w) e = n(rng);
+    w32.assign(w.begin(), w.end());
+  }
+  [[nodiscard]] Index value_bucket_count() const { return 2 * K + 1; }
+  template <class T>
+  void value_buckets(const posenc::tile<T>& t, posenc::index_tile idx) const {
+    for (Index i = 0; i < t.rows; ++i)
+      for (Index j = 0; j < t.cols; ++j)
+        idx(i, j) = static_cast<std::int32_t>(posenc::detail::clipped_relative_bucket(t.q_pos[i], t.k_pos[j], K));
+  }
+  template <class T>
+  [[nodiscard]] posenc::const_matrix_map<T> value_table(Index head) const {
+    const T* base;
+    if constexpr (std::is_same_v<T, float>) base = w32.data();
+    else base = w.data();
+    return posenc::const_matrix_map<T>(base + head * (2 * K + 1) * dv, 2 * K + 1, dv, Eigen::OuterStride<>(dv));
+  }
+};
+posenc::reference_terms<double> value_reference(const problem& p, const relative_values& e) {
+  auto m = std::make_shared<posenc::detail::call_masks>(masks_of(p));
+  posenc::reference_terms<double> r;
+  r.value_term = [m, &e](Index b, Index h, Index i, Index j, double* add) {
+    const Index bucket = std::clamp<std::int64_t>(m->kp(b)[j] - m->qp(b)[i], -e.K, e.K) + e.K;
+    for (Index d = 0; d < e.dv; ++d) add[d] = e.w[(h * (2 * e.K + 1) + bucket) * e.dv + d];
+  };
+  return r;
+}
+
+// Every hook at once (and a logit scale of its own).
+struct all_hooks {
+  rotate_qk rot;
+  distance_bias bias;
+  relative_terms rel;
+  relative_values val;
+  static double logit_scale(Index d) { return 0.5 / std::sqrt(static_cast<double>(d)); }
+  template <class T>
+  void transform_qk(posenc::qk_role r, Index h, std::span<const std::int64_t> pos, posenc::matrix_map<T> x) const {
+    rot.transform_qk<T>(r, h, pos, x);
+  }
+  template <class T>
+  void add_score_terms(const posenc::tile<T>& t, T scale, posenc::matrix_map<T> s) const {
+    rel.add_score_terms<T>(t, scale, s);
+  }
+  template <class T>
+  void add_position_bias(const posenc::tile<T>& t, posenc::matrix_map<T> s) const {
+    bias.add_position_bias<T>(t, s);
+  }
+  [[nodiscard]] Index value_bucket_count() const { return val.value_bucket_count(); }
+  template <class T>
+  void value_buckets(const posenc::tile<T>& t, posenc::index_tile idx) const {
+    val.value_buckets<T>(t, idx);
+  }
+  template <class T>
+  [[nodiscard]] posenc::const_matrix_map<T> value_table(Index head) const {
+    return val.value_table<T>(head);
+  }
+};
+
+// ---- the covering set of configurations ---------------------------------------------------------
+
+// Small sizes: the full product of layout x causal x padding x offset, GQA shapes cycling.
+std::vector<config> small_configs() {
+  std::vector<config> out;
+  const Index sizes[][2] = {{1, 1}, {2, 7}, {7, 2}, {37, 65}, {64, 64}, {65, 37}};
+  const Index heads[][2] = {{2, 2}, {4, 2}, {3, 1}};
+  unsigned seed = 1;
+  for (const auto& sz : sizes)
+    for (layout order : {layout::bshd, layout::bhsd})
+      for (bool causal : {false, true})
+        for (padding pad : {padding::none, padding::mask, padding::lengths})
+          for (offset off : {offset::none, offset::q_offset, offset::explicit_positions, offset::shuffled_keys}) {
+            // GQA shape cycles with the other options (every pairing of it with each option
+            // value occurs; the full product would only repeat them at 3x the run time)
+            const auto& hh = heads[(seed + seed / 6) % 3];
+            config c;
+            c.Sq = sz[0];
+            c.Sk = sz[1];
+            c.H = hh[0];
+            c.Hkv = hh[1];
+            c.D = 8;
+            c.Dv = 6;
+            c.order = order;
+            c.causal = causal;
+            c.pad = pad;
+            c.off = off;
+            c.B = pad == padding::lengths ? 3 : 2;
+            // small tiles so these sizes cross several tile boundaries (partial tiles)
+            c.q_block = (seed % 3 == 0) ? 0 : 16;
+            c.k_block = (seed % 3 == 0) ? 0 : (seed % 2 == 0 ? 24 : 32);
+            c.seed = seed++;
+            out.push_back(c);
+          }
+  return out;
+}
+
+// Large sizes: a covering subset (every option value appears), cheap enough for ASan at -O1.
+std::vector<config> large_configs() {
+  std::vector<config> out;
+  auto add = [&](Index sq, Index sk, layout order, bool causal, padding pad, offset off, Index h, Index hkv) {
+    config c;
+    c.B = pad == padding::lengths ? 3 : (sq * sk > 100000 ? 1 : 2);
+    c.Sq = sq;
+    c.Sk = sk;
+    c.H = h;
+    c.Hkv = hkv;
+    c.D = 16;
+    c.Dv = 8;
+    c.order = order;
+    c.causal = causal;
+    c.pad = pad;
+    c.off = off;
+    c.seed = static_cast<unsigned>(100 + out.size());
+    out.push_back(c);
+  };
+  add(257, 257, layout::bshd, true, padding::none, offset::none, 2, 1);
+  add(257, 1000, layout::bhsd, false, padding::mask, offset::none, 2, 2);
+  add(1000, 257, layout::bshd, true, padding::lengths, offset::q_offset, 2, 1);
+  add(1, 1000, layout::bshd, true, padding::none, offset::q_offset, 4, 2);  // one decode step
+  add(65, 1000, layout::bhsd, true, padding::mask, offset::explicit_positions, 2, 1);
+  add(1000, 1000, layout::bshd, true, padding::none, offset::none, 1, 1);
+  add(1000, 257, layout::bhsd, false, padding::none, offset::shuffled_keys, 1, 1);
+  add(37, 1000, layout::bshd, true, padding::lengths, offset::shuffled_keys, 2, 2);
+  return out;
+}
+
+}  // namespace
+
+// ---- plain attention -------------------------------------------------------------------------------
+
+TEST_CASE("attention: plain, small sizes, every option combination, double", "[kernel]") {
+  for (const config& c : small_configs()) check_case<double>(c, posenc::no_position{});
+}
+
+TEST_CASE("attention: plain, small sizes, every option combination, float", "[kernel]") {
+  for (const config& c : small_configs()) check_case<float>(c, posenc::no_position{});
+}
+
+TEST_CASE("attention: plain, large sizes (covering subset), double and float", "[kernel]") {
+  for (const config& c : large_configs()) {
+    check_case<double>(c, posenc::no_position{});
+    check_case<float>(c, posenc::no_position{});
+  }
+}
+
+TEST_CASE("attention: default tiles with 129 x 700 (two key blocks, partial query block)", "[kernel]") {
+  config c;
+  c.B = 1;
+  c.Sq = 129;
+  c.Sk = 700;
+  c.D = 64;
+  c.Dv = 64;
+  c.causal = true;
+  c.off = offset::q_offset;
+  check_case<double>(c, posenc::no_position{});
+  check_case<float>(c, posenc::no_position{});
+}
+
+TEST_CASE("attention: explicit scale, and the overload without lse writes the same output", "[kernel]") {
+  config c;
+  c.Sq = 37;
+  c.Sk = 65;
+  const problem p(c);
+  auto opt = p.options();
+  opt.scale = 0.3;
+  const auto qv = view<const double>(p.q.data(), c.B, c.Sq, c.H, c.D, c.order);
+  const auto kv = view<const double>(p.k.data(), c.B, c.Sk, c.Hkv, c.D, c.order);
+  const auto vv = view<const double>(p.v.data(), c.B, c.Sk, c.Hkv, c.Dv, c.order);
+  std::vector<double> a(static_cast<std::size_t>(c.B * c.Sq * c.H * c.Dv)), b(a.size()), r(a.size());
+  std::vector<double> lse(static_cast<std::size_t>(c.B * c.H * c.Sq));
+  posenc::attention<double>(qv, kv, vv, view<double>(a.data(), c.B, c.Sq, c.H, c.Dv, c.order), posenc::no_position{},
+                            opt);
+  posenc::attention<double>(qv, kv, vv, view<double>(b.data(), c.B, c.Sq, c.H, c.Dv, c.order),
+                            posenc::tensor_map<double, 3>(lse.data(), c.B, c.H, c.Sq), posenc::no_position{}, opt);
+  posenc::reference_attention<double>(qv, kv, vv, view<double>(r.data(), c.B, c.Sq, c.H, c.Dv, c.order), opt);
+  CHECK(a == b);
+  expect_close<double>(a, r, "out");
+}
+
+// ---- each hook kind ------------------------------------------------------------------------------
+
+TEST_CASE("attention: Q/K transform once per token (each kv head once under GQA)", "[kernel]") {
+  for (const config& base : {config{.B = 2, .Sq = 37, .Sk = 65, .H = 4, .Hkv = 2, .causal = true,
+                                    .off = offset::q_offset, .q_block = 16, .k_block = 24},
+                             config{.B = 1, .Sq = 257, .Sk = 257, .H = 3, .Hkv = 1, .order = layout::bhsd,
+                                    .pad = padding::mask, .off = offset::shuffled_keys},
+                             config{.B = 3, .Sq = 7, .Sk = 65, .H = 2, .Hkv = 2, .causal = true,
+                                    .pad = padding::lengths, .off = offset::explicit_positions, .q_block = 4,
+                                    .k_block = 16}}) {
+    const problem p(base);
+    rotate_qk enc;
+    check_case<double>(base, enc, {}, rotate_reference(p));
+    const long per_call = base.B * (base.Sq * base.H + base.Sk * base.Hkv);
+    CHECK(enc.tokens->load() == per_call);
+    check_case<float>(base, enc, {}, rotate_reference(p));
+  }
+}
+
+TEST_CASE("attention: position-only bias per tile, and masked tiles are skipped", "[kernel]") {
+  for (config c : {config{.B = 2, .Sq = 65, .Sk = 257, .H = 2, .Hkv = 1, .causal = true, .off = offset::q_offset,
+                          .q_block = 16, .k_block = 32},
+                   config{.B = 2, .Sq = 257, .Sk = 257, .causal = true, .q_block = 32, .k_block = 32},
+                   config{.B = 3, .Sq = 64, .Sk = 200, .order = layout::bhsd, .pad = padding::lengths,
+                          .q_block = 16, .k_block = 32},
+                   config{.B = 1, .Sq = 1000, .Sk = 1000, .H = 1, .Hkv = 1, .causal = true}}) {
+    const problem p(c);
+    const auto m = masks_of(p);
+    std::vector<unsigned char> valid(m.k_valid);
+    distance_bias enc{.k_valid = &valid, .k_len = c.Sk, .causal = c.causal};
+    check_case<double>(c, enc, distance_bias_terms(p));
+    check_case<float>(c, enc, distance_bias_terms(p));
+    CHECK_FALSE(enc.saw_dead_tile->load());
+  }
+}
+
+TEST_CASE("attention: relative score terms with clipped tables (query and key side gathers)", "[kernel]") {
+  for (config c : {config{.B = 2, .Sq = 37, .Sk = 65, .H = 2, .Hkv = 1, .causal = true, .q_block = 16, .k_block = 24},
+                   config{.B = 1, .Sq = 257, .Sk = 257, .order = layout::bhsd, .pad = padding::mask,
+                          .off = offset::shuffled_keys},
+                   config{.B = 3, .Sq = 65, .Sk = 64, .H = 4, .Hkv = 2, .pad = padding::lengths,
+                          .off = offset::explicit_positions, .q_block = 8, .k_block = 16}}) {
+    const problem p(c);
+    const relative_terms enc(3, c.D, 7);
+    check_case<double>(c, enc, relative_reference(p, enc));
+    check_case<float>(c, enc, relative_reference(p, enc));
+  }
+}
+
+TEST_CASE("attention: value terms accumulated per relative bucket", "[kernel]") {
+  for (config c : {config{.B = 2, .Sq = 37, .Sk = 65, .H = 2, .Hkv = 1, .causal = true, .q_block = 16, .k_block = 24},
+                   config{.B = 1, .Sq = 257, .Sk = 1000, .order = layout::bhsd, .pad = padding::mask,
+                          .off = offset::q_offset},
+                   config{.B = 3, .Sq = 65, .Sk = 64, .H = 4, .Hkv = 2, .causal = true, .pad = padding::lengths,
+                          .off = offset::shuffled_keys, .q_block = 8, .k_block = 16}}) {
+    const problem p(c);
+    const relative_values enc(2, c.H, c.Dv, 11);
+    check_case<double>(c, enc, value_reference(p, enc));
+    check_case<float>(c, enc, value_reference(p, enc));
+  }
+}
+
+TEST_CASE("attention: every hook at once, with the encoding's own logit scale", "[kernel]") {
+  for (config c : {config{.B = 2, .Sq = 65, .Sk = 257, .H = 4, .Hkv = 2, .causal = true, .pad = padding::mask,
+                          .off = offset::q_offset, .q_block = 16, .k_block = 32},
+                   config{.B = 3, .Sq = 37, .Sk = 37, .H = 2, .Hkv = 2, .order = layout::bhsd,
+                          .pad = padding::lengths, .off = offset::shuffled_keys}}) {
+    const problem p(c);
+    all_hooks enc{.rot = {}, .bias = {}, .rel = relative_terms(2, c.D, 3), .val = relative_values(3, c.H, c.Dv, 5)};
+    posenc::reference_terms<double> terms;
+    terms.bias = distance_bias_terms(p).bias;
+    terms.score_term = relative_reference(p, enc.rel).score_term;
+    terms.value_term = value_reference(p, enc.val).value_term;
+    // The reference needs the encoding's scale explicitly, and the relative score term must read
+    // the rotated q/k: run the reference on rotated copies with a score term over those copies.
+    auto run = [&](auto tag) {
+      using T = decltype(tag);
+      INFO(describe(c) << (std::is_same_v<T, float> ? " float" : " double"));
+      const result got = run_kernel<T>(p, enc);
+      problem rotated = p;
+      {  // rotate the (rounded) inputs the way the reference will see them
+        for (auto* x : {&rotated.q, &rotated.k})
+          for (auto& e : *x) e = static_cast<double>(static_cast<T>(e));
+        auto qv = view<double>(rotated.q.data(), c.B, c.Sq, c.H, c.D, c.order);
+        auto kv = view<double>(rotated.k.data(), c.B, c.Sk, c.Hkv, c.D, c.order);
+        rotate_reference(p)(qv, kv);
+      }
+      posenc::reference_terms<double> t = terms;
+      t.score_term = relative_reference(rotated, enc.rel).score_term;
+      auto opt = rotated.options();
+      opt.scale = all_hooks::logit_scale(c.D);
+      std::vector<double> v = rotated.v;
+      for (auto& e : v) e = static_cast<double>(static_cast<T>(e));
+      result want;
+      want.out.assign(got.out.size(), 0.0);
+      want.lse.assign(got.lse.size(), 0.0);
+      posenc::reference_attention<double>(
+          view<const double>(rotated.q.data(), c.B, c.Sq, c.H, c.D, c.order),
+          view<const double>(rotated.k.data(), c.B, c.Sk, c.Hkv, c.D, c.order),
+          view<const double>(v.data(), c.B, c.Sk, c.Hkv, c.Dv, c.order),
+          view<double>(want.out.data(), c.B, c.Sq, c.H, c.Dv, c.order), opt, t, std::nullopt,
+          posenc::tensor_map<double, 3>(want.lse.data(), c.B, c.H, c.Sq));
+      expect_close<T>(got.out, want.out, "out", 5e-5);
+      expect_close<T>(got.lse, want.lse, "lse", 5e-5);
+    };
+    run(double{});
+    run(float{});
+  }
+}
+
+namespace {
+// bind: once per call, sees the call's shapes and positions; the hooks then run on what it returns.
+// The bound bias is -|i - j| / (k_max - k_min + 1) by positions (a bias normalized by the call's
+// key-position range, which only bind can know).
+struct normalized_distance {
+  std::shared_ptr<std::atomic<int>> binds = std::make_shared<std::atomic<int>>(0);
+  std::shared_ptr<posenc::call_info> seen = std::make_shared<posenc::call_info>();
+  struct bound {
+    double inv_range = 1.0;
+    template <class T>
+    void add_position_bias(const posenc::tile<T>& t, posenc::matrix_map<T> s) const {
+      for (Index i = 0; i < t.rows; ++i)
+        for (Index j = 0; j < t.cols; ++j)
+          s(i, j) -= static_cast<T>(inv_range * static_cast<double>(std::abs(t.q_pos[i] - t.k_pos[j])));
+    }
+  };
+  [[nodiscard]] bound bind(const posenc::call_info& info) const {
+    ++*binds;
+    *seen = info;
+    return bound{1.0 / static_cast<double>(info.k_max - info.k_min + 1)};
+  }
+};
+}  // namespace
+
+TEST_CASE("attention: bind runs once per call with the call's shapes and positions", "[kernel]") {
+  config c{.B = 2, .Sq = 37, .Sk = 65, .H = 4, .Hkv = 2, .D = 8, .Dv = 6, .causal = true,
+           .off = offset::explicit_positions, .q_block = 16, .k_block = 16};
+  const problem p(c);
+  normalized_distance enc;
+  const auto m = masks_of(p);
+  const double inv_range = 1.0 / static_cast<double>(m.k_max - m.k_min + 1);
+  posenc::reference_terms<double> terms;
+  terms.bias = [&](Index b, Index, Index i, Index j) {
+    return -inv_range * static_cast<double>(std::abs(m.qp(b)[i] - m.kp(b)[j]));
+  };
+  check_case<double>(c, enc, terms);
+  CHECK(enc.binds->load() == 1);
+  const posenc::call_info& info = *enc.seen;
+  CHECK(info.batch == c.B);
+  CHECK(info.heads == c.H);
+  CHECK(info.kv_heads == c.Hkv);
+  CHECK(info.q_len == c.Sq);
+  CHECK(info.k_len == c.Sk);
+  CHECK(info.head_dim == c.D);
+  CHECK(info.value_dim == c.Dv);
+  CHECK(info.k_min == m.k_min);
+  CHECK(info.k_max == m.k_max);
+  CHECK(info.q_min == m.q_min);
+  CHECK(info.q_max == m.q_max);
+  check_case<float>(c, enc, terms);
+  CHECK(enc.binds->load() == 2);
+}
+
+// ---- threads -------------------------------------------------------------------------------------
+
+TEST_CASE("attention: bitwise identical results for 1, 2 and 8 threads", "[kernel]") {
+  Eigen::ThreadPool two(2), eight(8);
+  for (config c : {config{.B = 2, .Sq = 257, .Sk = 300, .H = 4, .Hkv = 2, .D = 16, .Dv = 16, .causal = true,
+                          .pad = padding::mask, .off = offset::q_offset, .q_block = 32, .k_block = 64},
+                   config{.B = 1, .Sq = 1000, .Sk = 257, .H = 2, .Hkv = 1, .D = 16, .Dv = 16,
+                          .order = layout::bhsd}}) {
+    INFO(describe(c));
+    const problem p(c);
+    all_hooks enc{.rot = {}, .bias = {}, .rel = relative_terms(2, c.D, 3), .val = relative_values(3, c.H, c.Dv, 5)};
+    const result d1 = run_kernel<double>(p, enc), d2 = run_kernel<double>(p, enc, &two),
+                 d8 = run_kernel<double>(p, enc, &eight);
+    CHECK(d1.out == d2.out);
+    CHECK(d1.out == d8.out);
+    CHECK(d1.lse == d2.lse);
+    CHECK(d1.lse == d8.lse);
+    const result f1 = run_kernel<float>(p, posenc::no_position{}), f2 = run_kernel<float>(p, posenc::no_position{}, &two),
+                 f8 = run_kernel<float>(p, posenc::no_position{}, &eight);
+    CHECK(f1.out == f2.out);
+    CHECK(f1.out == f8.out);
+    CHECK(f1.lse == f8.lse);
+  }
+}
+
+// ---- merge ---------------------------------------------------------------------------------------
+
+namespace {
+// The keys [first, first+count) of a problem as a problem of their own (positions kept explicit).
+problem key_range(const problem& p, Index first, Index count) {
+  config c = p.c;
+  c.Sk = count;
+  problem r(c);
+  const auto m = masks_of(p);
+  r.k.assign(static_cast<std::size_t>(c.B * count * c.Hkv * c.D), 0.0);
+  r.v.assign(static_cast<std::size_t>(c.B * count * c.Hkv * c.Dv), 0.0);
+  r.q = p.q;
+  const auto src_k = view<const double>(p.k.data(), c.B, p.c.Sk, c.Hkv, c.D, c.order);
+  const auto src_v = view<const double>(p.v.data(), c.B, p.c.Sk, c.Hkv, c.Dv, c.order);
+  const auto dst_k = view<double>(r.k.data(), c.B, count, c.Hkv, c.D, c.order);
+  const auto dst_v = view<double>(r.v.data(), c.B, count, c.Hkv, c.Dv, c.order);
+  for (Index b = 0; b < c.B; ++b)
+    for (Index j = 0; j < count; ++j)
+      for (Index h = 0; h < c.Hkv; ++h) {
+        for (Index d = 0; d < c.D; ++d) dst_k(b, j, h, d) = src_k(b, first + j, h, d);
+        for (Index d = 0; d < c.Dv; ++d) dst_v(b, j, h, d) = src_v(b, first + j, h, d);
+      }
+  // explicit positions and a padding mask reproduce the original call's visibility exactly
+  r.c.off = offset::explicit_positions;
+  r.c.pad = padding::mask;
+  r.kv_len.clear();
+  r.q_pos.assign(m.q_pos.begin(), m.q_pos.end());
+  r.k_pos.resize(static_cast<std::size_t>(c.B * count));
+  r.pad_mask.resize(static_cast<std::size_t>(c.B * count));
+  for (Index b = 0; b < c.B; ++b)
+    for (Index j = 0; j < count; ++j) {
+      r.k_pos[b * count + j] = m.kp(b)[first + j];
+      r.pad_mask[b * count + j] = m.kv(b)[first + j] != 0 ? 0 : 1;
+    }
+  return r;
+}
+
+template <class T>
+void check_merge(const config& c) {
+  INFO(describe(c) << (std::is_same_v<T, float> ? " float" : " double"));
+  const problem p(c);
+  const Index split = c.Sk / 3;
+  const problem a = key_range(p, 0, split), b = key_range(p, split, c.Sk - split);
+  const result ra = run_kernel<T>(a, posenc::no_position{}), rb = run_kernel<T>(b, posenc::no_position{});
+  const auto oa = cast<T>(ra.out), ob = cast<T>(rb.out), la = cast<T>(ra.lse), lb = cast<T>(rb.lse);
+  std::vector<T> out(oa.size(), T(9)), lse(la.size(), T(9));
+  posenc::merge<T>(view<const T>(oa.data(), c.B, c.Sq, c.H, c.Dv, c.order),
+                   posenc::tensor_map<const T, 3>(la.data(), c.B, c.H, c.Sq),
+                   view<const T>(ob.data(), c.B, c.Sq, c.H, c.Dv, c.order),
+                   posenc::tensor_map<const T, 3>(lb.data(), c.B, c.H, c.Sq),
+                   view<T>(out.data(), c.B, c.Sq, c.H, c.Dv, c.order), posenc::tensor_map<T, 3>(lse.data(), c.B, c.H, c.Sq));
+  const result want = run_reference<T>(p, {});
+  expect_close<T>(std::vector<double>(out.begin(), out.end()), want.out, "merged out");
+  expect_close<T>(std::vector<double>(lse.begin(), lse.end()), want.lse, "merged lse");
+
+  // in place: out = out_a
+  auto oa2 = oa;
+  auto la2 = la;
+  posenc::merge<T>(view<const T>(oa2.data(), c.B, c.Sq, c.H, c.Dv, c.order),
+                   posenc::tensor_map<const T, 3>(la2.data(), c.B, c.H, c.Sq),
+                   view<const T>(ob.data(), c.B, c.Sq, c.H, c.Dv, c.order),
+                   posenc::tensor_map<const T, 3>(lb.data(), c.B, c.H, c.Sq),
+                   view<T>(oa2.data(), c.B, c.Sq, c.H, c.Dv, c.order), posenc::tensor_map<T, 3>(la2.data(), c.B, c.H, c.Sq));
+  CHECK(oa2 == out);
+  CHECK(la2 == lse);
+}
+}  // namespace
+
+TEST_CASE("merge: two key ranges combine to the full attention", "[kernel]") {
+  for (config c : {config{.B = 2, .Sq = 37, .Sk = 65, .H = 4, .Hkv = 2, .causal = true, .off = offset::q_offset},
+                   config{.B = 3, .Sq = 64, .Sk = 257, .order = layout::bhsd, .causal = true,
+                          .pad = padding::lengths},
+                   config{.B = 2, .Sq = 7, .Sk = 1000, .H = 2, .Hkv = 1, .pad = padding::mask,
+                          .off = offset::shuffled_keys},
+                   config{.B = 1, .Sq = 65, .Sk = 2, .causal = true}}) {
+    check_merge<double>(c);
+    check_merge<float>(c);
+  }
+}
+
+TEST_CASE("merge: rejects mismatched shapes", "[kernel]") {
+  std::vector<double> a(2 * 3 * 2 * 4, 1.0), lse(2 * 2 * 3, 0.0), bad_lse(2 * 2 * 4, 0.0), out(a.size(), 5.0),
+      out_lse(lse.size(), 5.0);
+  const auto va = posenc::bshd<const double>(a.data(), 2, 3, 2, 4);
+  const auto vbad = posenc::bshd<const double>(a.data(), 2, 4, 2, 3);
+  posenc::tensor_map<const double, 3> l(lse.data(), 2, 2, 3), lb(bad_lse.data(), 2, 2, 4);
+  CHECK_THROWS_AS(posenc::merge<double>(va, l, vbad, l, posenc::bshd(out.data(), 2, 3, 2, 4),
+                                        posenc::tensor_map<double, 3>(out_lse.data(), 2, 2, 3)),
+                  posenc::error);
+  CHECK_THROWS_WITH(posenc::merge<double>(va, l, va, lb, posenc::bshd(out.data(), 2, 3, 2, 4),
+                                          posenc::tensor_map<double, 3>(out_lse.data(), 2, 2, 3)),
+                    Catch::Contains("lse_b"));
+  CHECK(std::all_of(out.begin(), out.end(), [](double x) { return x == 5.0; }));
+  CHECK(std::all_of(out_lse.begin(), out_lse.end(), [](double x) { return x == 5.0; }));
+}
+
+// ---- golden vectors ------------------------------------------------------------------------------
+
+namespace {
+// The golden case's additive bias [1, H, Sq, Sk] as a position-only bias hook (read per tile).
+struct table_bias {
+  const std::vector<double>* bias = nullptr;
+  Index H = 0, Sq = 0, Sk = 0;
+  template <class T>
+  void add_position_bias(const posenc::tile<T>& t, posenc::matrix_map<T> s) const {
+    for (Index i = 0; i < t.rows; ++i)
+      for (Index j = 0; j < t.cols; ++j)
+        s(i, j) += static_cast<T>((*bias)[((t.head * Sq) + t.q_first + i) * Sk + t.k_first + j]);
+  }
+};
+}  // namespace
+
+TEST_CASE("attention: golden GQA 8x2, left padded, causal, with an additive bias", "[kernel]") {
+  const auto g = golden::load("attention_gqa8x2_left_padded_causal");
+  const auto& qt = g.at("q");
+  const Index B = qt.shape[0], S = qt.shape[1], H = qt.shape[2], D = qt.shape[3];
+  const Index Hkv = g.at("k").shape[2], Sk = g.at("k").shape[1];
+  REQUIRE(g.params().at("num_key_value_heads").get<Index>() == Hkv);
+  const auto q = qt.f64(), k = g.at("k").f64(), v = g.at("v").f64(), bias = g.at("bias").f64();
+  const auto mask = g.at("key_padding_mask").i64();
+  const auto want_out = g.at("out").f64(), want_probs = g.at("probs").f64();
+  const double atol = golden::tolerance(g, "out").atol;
+
+  posenc::attention_options opt;
+  opt.causal = g.params().at("causal").get<bool>();
+  opt.q_offset = g.params().at("q_offset").get<std::int64_t>();
+  opt.key_padding_mask = posenc::tensor_map<const std::int64_t, 2>(mask.data(), B, Sk);
+  opt.q_block = 8;  // several tiles even at S = 20
+  opt.k_block = 8;
+  const auto vq = posenc::bshd<const double>(q.data(), B, S, H, D);
+  const auto vk = posenc::bshd<const double>(k.data(), B, Sk, Hkv, D);
+  const auto vv = posenc::bshd<const double>(v.data(), B, Sk, Hkv, D);
+  std::vector<double> out(want_out.size(), -1.0);
+  posenc::attention<double>(vq, vk, vv, posenc::bshd(out.data(), B, S, H, D),
+                            table_bias{.bias = &bias, .H = H, .Sq = S, .Sk = Sk}, opt);
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    INFO("out[" << i << "]");
+    REQUIRE(std::abs(out[i] - want_out[i]) <= atol);
+  }
+  // probabilities through the reference (the kernel never materializes them)
+  std::vector<double> ref_out(out.size()), probs(want_probs.size());
+  posenc::reference_terms<double> terms;
+  terms.bias = [&](Index, Index h, Index i, Index j) { return bias[(h * S + i) * Sk + j]; };
+  posenc::reference_attention<double>(vq, vk, vv, posenc::bshd(ref_out.data(), B, S, H, D), opt, terms,
+                                      posenc::tensor_map<double, 4>(probs.data(), B, H, S, Sk));
+  for (std::size_t i = 0; i < probs.size(); ++i) {
+    INFO("probs[" << i << "]");
+    REQUIRE(std::abs(probs[i] - want_probs[i]) <= atol);
+  }
+  // its first rows see no key: all-zero output
+  for (Index d = 0; d < D; ++d) CHECK(out[d] == 0.0);
+}
+
+// ---- numerics ------------------------------------------------------------------------------------
+
+TEST_CASE("attention: fully masked rows give zeros and lse -inf", "[kernel]") {
+  // kv_lengths 0 for batch row 2, and causal queries positioned before every key.
+  for (config c : {config{.B = 3, .Sq = 37, .Sk = 65, .causal = true, .pad = padding::lengths, .q_block = 16,
+                          .k_block = 16},
+                   config{.B = 2, .Sq = 20, .Sk = 64, .causal = true, .off = offset::explicit_positions}}) {
+    problem p(c);
+    if (!p.q_pos.empty())
+      for (Index i = 0; i < 5; ++i) p.q_pos[i] = -100;  // see nothing
+    const result got = run_kernel<double>(p, posenc::no_position{});
+    const result want = run_reference<double>(p, {});
+    expect_close<double>(got.out, want.out, "out");
+    expect_close<double>(got.lse, want.lse, "lse");
+    const result gotf = run_kernel<float>(p, posenc::no_position{});
+    expect_close<float>(gotf.out, want.out, "out");
+    CHECK(std::count(got.lse.begin(), got.lse.end(), -inf) > 0);
+    CHECK(std::count(gotf.lse.begin(), gotf.lse.end(), -inf) == std::count(got.lse.begin(), got.lse.end(), -inf));
+  }
+}
+
+namespace {
+// -inf on every key of the even query rows of head 0, and on every other key elsewhere.
+struct neg_inf_bias {
+  template <class T>
+  void add_position_bias(const posenc::tile<T>& t, posenc::matrix_map<T> s) const {
+    for (Index i = 0; i < t.rows; ++i)
+      for (Index j = 0; j < t.cols; ++j)
+        if ((t.head == 0 && (t.q_first + i) % 2 == 0) || (t.k_first + j) % 2 == 1)
+          s(i, j) = -std::numeric_limits<T>::infinity();
+  }
+};
+}  // namespace
+
+TEST_CASE("attention: -inf biases stay finite (rows of -inf give zeros)", "[kernel]") {
+  config c{.B = 2, .Sq = 37, .Sk = 65, .causal = true, .pad = padding::mask, .q_block = 16, .k_block = 16};
+  const problem p(c);
+  posenc::reference_terms<double> terms;
+  terms.bias = [](Index, Index h, Index i, Index j) { return (h == 0 && i % 2 == 0) || j % 2 == 1 ? -inf : 0.0; };
+  const result want = run_reference<double>(p, terms);
+  expect_close<double>(run_kernel<double>(p, neg_inf_bias{}).out, want.out, "out");
+  expect_close<double>(run_kernel<double>(p, neg_inf_bias{}).lse, want.lse, "lse");
+  expect_close<float>(run_kernel<float>(p, neg_inf_bias{}).out, want.out, "out");
+}
+
+TEST_CASE("attention: logits of +-1e4 and denormal inputs stay finite", "[kernel]") {
+  SECTION("huge logits") {
+    config c{.B = 1, .Sq = 65, .Sk = 300, .causal = true, .q_block = 16, .k_block = 64};
+    const problem p(c);
+    auto opt = p.options();
+    // scale chosen so the largest |logit| is about 1e4
+    double mx = 0;
+    std::vector<double> ref(static_cast<std::size_t>(c.B * c.Sq * c.H * c.Dv)), got(ref.size()), lse(c.B * c.H * c.Sq);
+    for (std::size_t i = 0; i < p.q.size(); ++i) mx = std::max(mx, std::abs(p.q[i]));
+    opt.scale = 1e4 / (mx * mx * static_cast<double>(c.D));
+    const auto qv = view<const double>(p.q.data(), c.B, c.Sq, c.H, c.D, c.order);
+    const auto kv = view<const double>(p.k.data(), c.B, c.Sk, c.Hkv, c.D, c.order);
+    const auto vv = view<const double>(p.v.data(), c.B, c.Sk, c.Hkv, c.Dv, c.order);
+    posenc::attention<double>(qv, kv, vv, view<double>(got.data(), c.B, c.Sq, c.H, c.Dv, c.order),
+                              posenc::tensor_map<double, 3>(lse.data(), c.B, c.H, c.Sq), posenc::no_position{}, opt);
+    posenc::reference_attention<double>(qv, kv, vv, view<double>(ref.data(), c.B, c.Sq, c.H, c.Dv, c.order), opt);
+    // logits ~1e4: a rounding of 1e4 * 2^-52 per score moves the weights by ~1e-12 relative
+    expect_close<double>(got, ref, "out", 0, 1e-9);
+    for (double x : lse) CHECK(std::isfinite(x));
+    // float: the same inputs in float; outputs finite and within the value range
+    const auto q32 = cast<float>(p.q), k32 = cast<float>(p.k), v32 = cast<float>(p.v);
+    std::vector<float> out32(ref.size());
+    posenc::attention<float>(view<const float>(q32.data(), c.B, c.Sq, c.H, c.D, c.order),
+                             view<const float>(k32.data(), c.B, c.Sk, c.Hkv, c.D, c.order),
+                             view<const float>(v32.data(), c.B, c.Sk, c.Hkv, c.Dv, c.order),
+                             view<float>(out32.data(), c.B, c.Sq, c.H, c.Dv, c.order), posenc::no_position{}, opt);
+    double vmax = 0;
+    for (double x : p.v) vmax = std::max(vmax, std::abs(x));
+    for (float x : out32) {
+      REQUIRE(std::isfinite(x));
+      REQUIRE(std::abs(x) <= vmax * 1.0001);
+    }
+  }
+  SECTION("denormals") {
+    for (double tiny : {1e-310, 1e-40}) {
+      config c{.B = 1, .Sq = 37, .Sk = 65, .causal = true, .q_block = 16, .k_block = 16, .scale_inputs = tiny};
+      const problem p(c);
+      if (tiny < 1e-300) {
+        const result got = run_kernel<double>(p, posenc::no_position{});
+        const result want = run_reference<double>(p, {});
+        expect_close<double>(got.out, want.out, "out");
+        for (double x : got.out) REQUIRE(std::isfinite(x));
+      } else {
+        const result got = run_kernel<float>(p, posenc::no_position{});
+        const result want = run_reference<float>(p, {});
+        for (double x : got.out) REQUIRE(std::isfinite(x));
+        // scores underflow to ~0: uniform weights over the visible keys, values are denormal
+        for (std::size_t i = 0; i < got.out.size(); ++i) REQUIRE(std::abs(got.out[i] - want.out[i]) <= 1e-42);
+      }
+    }
+  }
+}
+
+// ---- errors: thrown before anything is written ----------------------------------------------------
+
+TEST_CASE("attention: invalid arguments throw and leave the outputs untouched", "[kernel]") {
+  const Index B = 2, S = 5, H = 4, Hkv = 2, D = 8;
+  std::vector<double> q(B * S * H * D, 0.5), k(B * S * Hkv * D, 0.25), v(B * S * Hkv * D, 1.0);
+  std::vector<double> out(B * S * H * D, 7.0), lse(B * H * S, 7.0);
+  const auto vq = posenc::bshd<const double>(q.data(), B, S, H, D);
+  const auto vk = posenc::bshd<const double>(k.data(), B, S, Hkv, D);
+  const auto vv = posenc::bshd<const double>(v.data(), B, S, Hkv, D);
+  const auto vo = posenc::bshd(out.data(), B, S, H, D);
+  const posenc::tensor_map<double, 3> vl(lse.data(), B, H, S);
+  auto untouched = [&] {
+    CHECK(std::all_of(out.begin(), out.end(), [](double x) { return x == 7.0; }));
+    CHECK(std::all_of(lse.begin(), lse.end(), [](double x) { return x == 7.0; }));
+  };
+  auto call = [&](auto q_, auto k_, auto v_, auto o_, posenc::attention_options opt) {
+    posenc::attention<double>(q_, k_, v_, o_, vl, posenc::no_position{}, opt);
+  };
+
+  SECTION("head_dim mismatch") {
+    const auto bad_k = posenc::bshd<const double>(k.data(), B, S, Hkv * 2, D / 2);
+    CHECK_THROWS_WITH(call(vq, bad_k, posenc::bshd<const double>(v.data(), B, S, Hkv * 2, D / 2), vo, {}),
+                      Catch::Contains("head_dim"));
+  }
+  SECTION("heads not divisible by kv_heads") {
+    const auto k3 = posenc::bshd<const double>(k.data(), B, 1, 3, 8);
+    const auto v3 = posenc::bshd<const double>(v.data(), B, 1, 3, 8);
+    CHECK_THROWS_WITH(call(vq, k3, v3, vo, {}), Catch::Contains("divide"));
+  }
+  SECTION("v seq differs from k seq") {
+    const auto v4 = posenc::bshd<const double>(v.data(), B, S - 1, Hkv, D);
+    CHECK_THROWS_WITH(call(vq, vk, v4, vo, {}), Catch::Contains("seq"));
+  }
+  SECTION("out shape") {
+    const auto o2 = posenc::bshd(out.data(), B, S - 1, H, D);
+    CHECK_THROWS_WITH(call(vq, vk, vv, o2, {}), Catch::Contains("out"));
+  }
+  SECTION("bad kv_lengths") {
+    const std::vector<std::int64_t> too_long{S, S + 1}, negative{-1, 2}, wrong_size{S};
+    for (const auto* kl : {&too_long, &negative, &wrong_size}) {
+      posenc::attention_options opt;
+      opt.kv_lengths = *kl;
+      CHECK_THROWS_WITH(call(vq, vk, vv, vo, opt), Catch::Contains("kv_lengths"));
+    }
+  }
+  SECTION("bad positions shapes") {
+    const std::vector<std::int64_t> pos(B * (S + 1), 0);
+    posenc::attention_options opt;
+    opt.q_positions = posenc::positions_view(pos.data(), B, S + 1);
+    CHECK_THROWS_WITH(call(vq, vk, vv, vo, opt), Catch::Contains("q_positions"));
+    posenc::attention_options opt2;
+    opt2.k_positions = posenc::positions_view(pos.data(), B + 1, S - 1);
+    CHECK_THROWS_WITH(call(vq, vk, vv, vo, opt2), Catch::Contains("k_positions"));
+  }
+  SECTION("bad padding mask shape") {
+    const std::vector<std::int64_t> m(B * S, 0);
+    posenc::attention_options opt;
+    opt.key_padding_mask = posenc::tensor_map<const std::int64_t, 2>(m.data(), S, B);
+    CHECK_THROWS_WITH(call(vq, vk, vv, vo, opt), Catch::Contains("key_padding_mask"));
+  }
+  SECTION("lse shape") {
+    std::vector<double> l2(B * H * (S + 1), 7.0);
+    CHECK_THROWS_WITH(posenc::attention<double>(vq, vk, vv, vo, posenc::tensor_map<double, 3>(l2.data(), B, H, S + 1)),
+                      Catch::Contains("lse"));
+    CHECK(std::all_of(l2.begin(), l2.end(), [](double x) { return x == 7.0; }));
+  }
+  SECTION("non-finite scale") {
+    posenc::attention_options opt;
+    opt.scale = std::numeric_limits<double>::quiet_NaN();
+    CHECK_THROWS_WITH(call(vq, vk, vv, vo, opt), Catch::Contains("scale"));
+    opt.scale = inf;
+    CHECK_THROWS_WITH(call(vq, vk, vv, vo, opt), Catch::Contains("scale"));
+  }
+  SECTION("negative tile size") {
+    posenc::attention_options opt;
+    opt.k_block = -1;
+    CHECK_THROWS_WITH(call(vq, vk, vv, vo, opt), Catch::Contains("k_block"));
+  }
+  SECTION("out overlapping an input") {
+    std::vector<double> qq(B * S * H * D, 0.5);
+    const auto q_as_out = posenc::bshd(qq.data(), B, S, H, D);
+    CHECK_THROWS_WITH(posenc::attention<double>(posenc::heads_view<const double>(q_as_out), vk, vv, q_as_out),
+                      Catch::Contains("overlap"));
+    CHECK(std::all_of(qq.begin(), qq.end(), [](double x) { return x == 0.5; }));
+  }
+  SECTION("value table of the wrong shape") {
+    const relative_values enc(2, H, D + 1, 1);  // dv = D+1 but v has D
+    CHECK_THROWS_WITH(posenc::attention<double>(vq, vk, vv, vo, vl, enc), Catch::Contains("value_table"));
+  }
+  untouched();
+}
+
+TEST_CASE("attention: empty shapes", "[kernel]") {
+  // no keys: every row sees nothing
+  std::vector<double> q(1 * 3 * 2 * 4, 1.0), out(q.size(), 5.0), lse(1 * 2 * 3, 5.0);
+  const auto vq = posenc::bshd<const double>(q.data(), 1, 3, 2, 4);
+  const auto vk = posenc::bshd<const double>(nullptr, 1, 0, 2, 4);
+  posenc::attention<double>(vq, vk, vk, posenc::bshd(out.data(), 1, 3, 2, 4),
+                            posenc::tensor_map<double, 3>(lse.data(), 1, 2, 3));
+  CHECK(std::all_of(out.begin(), out.end(), [](double x) { return x == 0.0; }));
+  CHECK(std::all_of(lse.begin(), lse.end(), [](double x) { return x == -inf; }));
+  // no queries: nothing to do
+  const auto vq0 = posenc::bshd<const double>(nullptr, 1, 0, 2, 4);
+  posenc::attention<double>(vq0, vq, vq, posenc::bshd<double>(nullptr, 1, 0, 2, 4));
+}
