@@ -1,0 +1,203 @@
+// Sinusoidal absolute encoding: golden tables (FORMAT.md 5.1), closed forms written here
+// independently (both layouts, both schedules, odd d_model, negative and fractional positions), and
+// add_to on [batch, seq, d_model] with per-token positions.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "golden.hpp"
+#include "posenc/sinusoidal.hpp"
+
+using posenc::frequency_schedule;
+using idx = posenc::index;
+using posenc::sinusoid_layout;
+
+static_assert(posenc::input_encoding<posenc::sinusoidal>);
+static_assert(posenc::encoding<posenc::sinusoidal>);
+static_assert(!posenc::attention_encoding<posenc::sinusoidal>);
+
+namespace {
+
+// Independent closed form of one table entry (channel c of position p).
+double closed_form(double p, idx c, idx d, double base, sinusoid_layout layout, frequency_schedule schedule) {
+  const idx n = d / 2;
+  if (c >= 2 * n) return 0.0;  // odd d_model: zero channel last
+  idx i = 0;
+  bool is_sin = true;
+  if (layout == sinusoid_layout::interleaved) {
+    i = c / 2;
+    is_sin = c % 2 == 0;
+  } else {
+    i = c < n ? c : c - n;
+    is_sin = c < n;
+  }
+  double w = 0;
+  if (schedule == frequency_schedule::vaswani) {
+    w = 1.0 / std::pow(base, static_cast<double>(2 * i) / static_cast<double>(d));
+  } else {
+    w = std::exp(-static_cast<double>(i) * std::log(base) / std::max<double>(static_cast<double>(n - 1), 1.0));
+  }
+  return is_sin ? std::sin(p * w) : std::cos(p * w);
+}
+
+void check_golden(const std::string& name) {
+  const auto c = golden::load(name);
+  const auto& prm = c.params();
+  const idx d = prm.at("d_model").get<idx>();
+  const double base = prm.contains("base") && !prm.at("base").is_null() ? prm.at("base").get<double>() : 10000.0;
+  const auto layout =
+      prm.at("layout").get<std::string>() == "concat" ? sinusoid_layout::concat : sinusoid_layout::interleaved;
+  const auto schedule = prm.contains("schedule") && prm.at("schedule").get<std::string>() == "t2t"
+                            ? frequency_schedule::t2t
+                            : frequency_schedule::vaswani;
+  posenc::sinusoidal pe({.d_model = d, .base = base, .layout = layout, .schedule = schedule});
+  const auto pos = c.at("positions").f64();
+  const auto expected = c.at("table").f64();
+  const auto rule = golden::tolerance(c, "table");
+  REQUIRE_FALSE(rule.exact);
+  const auto table = pe.table<double>(pos);
+  REQUIRE(table.dimension(0) == static_cast<idx>(pos.size()));
+  REQUIRE(table.dimension(1) == d);
+  double worst = 0;
+  for (std::size_t e = 0; e < expected.size(); ++e) {
+    const double err = std::abs(table.data()[e] - expected[e]);
+    worst = std::max(worst, err);
+    if (!rule.informational) REQUIRE(err <= rule.atol + rule.rtol * std::abs(expected[e]));
+  }
+  INFO(name << " worst abs error " << worst);
+  SUCCEED();
+}
+
+}  // namespace
+
+TEST_CASE("sinusoidal: golden interleaved Transformer-big table (positions up to 2^19)", "[sinusoidal][golden]") {
+  check_golden("sinusoidal_interleaved_d1024_transformer_big");
+}
+
+TEST_CASE("sinusoidal: golden concat Transformer-XL table (d_model 410, pos_seq 47..0)", "[sinusoidal][golden]") {
+  check_golden("sinusoidal_concat_d410_txl_wt103");
+}
+
+TEST_CASE("sinusoidal: closed form for every layout, schedule, odd width and real positions", "[sinusoidal]") {
+  const std::vector<double> positions = {0.0, 1.0, 2.5, -1.0, -47.0, 1e-3, 12345.0, -0.75, 65535.0};
+  for (idx d : {1, 2, 3, 7, 8, 64, 65, 410}) {
+    for (double base : {10000.0, 500000.0, 2.0}) {
+      for (auto layout : {sinusoid_layout::interleaved, sinusoid_layout::concat}) {
+        for (auto schedule : {frequency_schedule::vaswani, frequency_schedule::t2t}) {
+          posenc::sinusoidal pe({.d_model = d, .base = base, .layout = layout, .schedule = schedule});
+          const auto t = pe.table<double>(positions);
+          const auto tf = pe.table<float>(positions);
+          for (std::size_t p = 0; p < positions.size(); ++p) {
+            for (idx c = 0; c < d; ++c) {
+              const double want = closed_form(positions[p], c, d, base, layout, schedule);
+              INFO("d " << d << " base " << base << " pos " << positions[p] << " channel " << c);
+              // A 1-ulp difference in w_i (pow vs 1/pow) moves the angle by up to |p| * 2.2e-16.
+              const double angle_ulp = 4.5e-16 * std::abs(positions[p]);
+              REQUIRE(std::abs(t(static_cast<idx>(p), c) - want) <= 1e-14 + angle_ulp);
+              REQUIRE(std::abs(double(tf(static_cast<idx>(p), c)) - want) <= 1e-7 + angle_ulp);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("sinusoidal: t2t frequencies follow tensor2tensor's log-timescale increment", "[sinusoidal]") {
+  posenc::sinusoidal pe({.d_model = 8, .base = 10000.0, .schedule = frequency_schedule::t2t});
+  const auto w = pe.frequencies();
+  REQUIRE(w.size() == 4);
+  // n = 4: increment ln(1e4)/3, so w = 1, 10^(-4/3), 10^(-8/3), 1e-4.
+  CHECK(w[0] == Approx(1.0).epsilon(1e-15));
+  CHECK(w[1] == Approx(std::pow(10.0, -4.0 / 3.0)).epsilon(1e-14));
+  CHECK(w[3] == Approx(1e-4).epsilon(1e-14));
+  posenc::sinusoidal v({.d_model = 8});
+  CHECK(v.frequencies()[3] == Approx(std::pow(10000.0, -6.0 / 8.0)).epsilon(1e-14));
+}
+
+TEMPLATE_TEST_CASE("sinusoidal: add_to adds the row of each token's own position", "[sinusoidal]", float, double) {
+  using T = TestType;
+  const idx B = 3, S = 5, D = 12;
+  std::mt19937 rng(7);
+  std::normal_distribution<double> nd;
+  std::vector<T> x(B * S * D), x0;
+  for (auto& e : x) e = static_cast<T>(nd(rng));
+  x0 = x;
+  // Row 0 contiguous, row 1 a decode offset, row 2 left padded / packed restarts (negative too).
+  posenc::positions pos(B, S);
+  const std::int64_t p[B][S] = {{0, 1, 2, 3, 4}, {100, 101, 102, 103, 104}, {1, 0, 1, 0, -3}};
+  for (idx b = 0; b < B; ++b)
+    for (idx s = 0; s < S; ++s) pos(b, s) = p[b][s];
+  for (auto layout : {sinusoid_layout::interleaved, sinusoid_layout::concat}) {
+    x = x0;
+    posenc::sinusoidal pe({.d_model = D, .layout = layout});
+    pe.add_to(posenc::tensor_map<T, 3>(x.data(), B, S, D), posenc::view(pos));
+    const double tol = std::is_same_v<T, float> ? 2e-6 : 1e-14;
+    for (idx b = 0; b < B; ++b)
+      for (idx s = 0; s < S; ++s)
+        for (idx c = 0; c < D; ++c) {
+          const std::size_t e = static_cast<std::size_t>((b * S + s) * D + c);
+          const double want =
+              double(x0[e]) + closed_form(double(p[b][s]), c, D, 10000.0, layout, frequency_schedule::vaswani);
+          REQUIRE(std::abs(double(x[e]) - want) <= tol);
+        }
+  }
+  // [1, seq] positions are shared by every batch row.
+  x = x0;
+  posenc::sinusoidal pe({.d_model = D});
+  const auto shared = posenc::contiguous_positions(1, S, 10);
+  pe.add_to(posenc::tensor_map<T, 3>(x.data(), B, S, D), posenc::view(shared));
+  for (idx b = 0; b < B; ++b)
+    for (idx s = 0; s < S; ++s)
+      for (idx c = 0; c < D; ++c) {
+        const std::size_t e = static_cast<std::size_t>((b * S + s) * D + c);
+        const double want = double(x0[e]) + closed_form(double(10 + s), c, D, 10000.0, sinusoid_layout::interleaved,
+                                                        frequency_schedule::vaswani);
+        REQUIRE(std::abs(double(x[e]) - want) <= (std::is_same_v<T, float> ? 2e-6 : 1e-14));
+      }
+}
+
+TEST_CASE("sinusoidal: bad arguments throw posenc::error and leave x untouched", "[sinusoidal][errors]") {
+  CHECK_THROWS_AS(posenc::sinusoidal({.d_model = 0}), posenc::error);
+  CHECK_THROWS_AS(posenc::sinusoidal({.d_model = 8, .base = 0.0}), posenc::error);
+  CHECK_THROWS_AS(posenc::sinusoidal({.d_model = 8, .base = std::nan("")}), posenc::error);
+  CHECK_THROWS_WITH(posenc::sinusoidal({.d_model = -4}), Catch::Contains("d_model") && Catch::Contains("-4"));
+  posenc::sinusoidal pe({.d_model = 8});
+  std::vector<double> x(2 * 3 * 8, 1.0);
+  const auto pos = posenc::contiguous_positions(2, 4);  // seq mismatch
+  CHECK_THROWS_WITH(pe.add_to(posenc::tensor_map<double, 3>(x.data(), 2, 3, 8), posenc::view(pos)),
+                    Catch::Contains("pos") && Catch::Contains("[2, 4]"));
+  std::vector<double> y(2 * 3 * 6, 1.0);
+  const auto pos3 = posenc::contiguous_positions(2, 3);
+  CHECK_THROWS_WITH(pe.add_to(posenc::tensor_map<double, 3>(y.data(), 2, 3, 6), posenc::view(pos3)),
+                    Catch::Contains("d_model"));
+  for (double e : x) REQUIRE(e == 1.0);
+  for (double e : y) REQUIRE(e == 1.0);
+  const std::vector<double> bad = {0.0, INFINITY};
+  CHECK_THROWS_AS(pe.table<double>(bad), posenc::error);
+}
+
+TEST_CASE("sinusoidal: float add_to over long runs stays within one float rounding of the exact row", "[sinusoidal]") {
+  // float outputs walk consecutive positions by rotation between exact anchors; the result must
+  // still be the exact double row rounded to float (|error| <= 1 ulp of values in [-1, 1]).
+  const idx B = 2, S = 300, D = 66;
+  for (std::int64_t start : {std::int64_t{0}, std::int64_t{-150}, std::int64_t{123456}, std::int64_t{1} << 20}) {
+    for (auto layout : {sinusoid_layout::interleaved, sinusoid_layout::concat}) {
+      posenc::sinusoidal pe({.d_model = D, .layout = layout, .schedule = frequency_schedule::t2t});
+      posenc::positions pos = posenc::contiguous_positions(B, S, start);
+      pos(1, 77) = 5;  // one token of row 1 elsewhere (e.g. a packed restart)
+      std::vector<float> x(static_cast<std::size_t>(B * S * D), 0.0f);
+      pe.add_to(posenc::tensor_map<float, 3>(x.data(), B, S, D), posenc::view(pos));
+      for (idx b = 0; b < B; ++b)
+        for (idx s = 0; s < S; ++s)
+          for (idx c = 0; c < D; ++c) {
+            const double want = closed_form(double(pos(b, s)), c, D, 10000.0, layout, frequency_schedule::t2t);
+            INFO("start " << start << " b " << b << " s " << s << " c " << c);
+            REQUIRE(std::abs(double(x[static_cast<std::size_t>((b * S + s) * D + c)]) - want) <=
+                    6e-8 + 4.5e-16 * std::abs(double(pos(b, s))));
+          }
+    }
+  }
+}
