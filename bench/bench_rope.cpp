@@ -1,0 +1,137 @@
+// bench/bench_rope.cpp — RoPE apply throughput against a STREAM-style triad in the same binary, and
+// the cost of RoPE inside the fused attention kernel.
+//
+// Bytes counted (counter `bytes_per_second`): apply reads and writes x once (2 x S*H*D*4 bytes, in
+// place or out of place alike: out of place reads in and writes out), plus one pass over the cos/sin
+// table when one is used; the triad a = b + s c moves 3 arrays of the same element count as x.
+// Counter `s_per_elem` is seconds per element of x (printed with SI prefixes: 180p = 0.18 ns).
+// Compare ratios from one run: apply bytes/s over triad bytes/s at the same S (docs/rope.md).
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "posenc/attention.hpp"
+#include "posenc/rope.hpp"
+
+namespace {
+
+constexpr posenc::index H = 32, D = 128;
+
+/// Uniform values in [-1, 1) from a xorshift generator (setup of 512 MB tensors must stay cheap).
+std::vector<float> random_floats(std::size_t n, unsigned seed) {
+  std::uint64_t s = 0x9E3779B97F4A7C15ull * (seed + 1);
+  std::vector<float> v(n);
+  for (auto& x : v) {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    x = static_cast<float>(static_cast<double>(s >> 11) * 0x1.0p-52 - 1.0);
+  }
+  return v;
+}
+
+void set_counters(benchmark::State& state, double elements, double bytes_per_iter) {
+  state.counters["bytes_per_second"] =
+      benchmark::Counter(bytes_per_iter, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1024);
+  state.counters["s_per_elem"] =
+      benchmark::Counter(elements, benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+}
+
+/// STREAM triad a[i] = b[i] + s * c[i] over S*H*D floats per array.
+void BM_triad(benchmark::State& state) {
+  const auto S = state.range(0);
+  const std::size_t n = static_cast<std::size_t>(S * H * D);
+  std::vector<float> a(n, 0.f), b = random_floats(n, 1), c = random_floats(n, 2);
+  const float s = 1.0001f;
+  for (auto _ : state) {
+    float* __restrict pa = a.data();
+    const float* __restrict pb = b.data();
+    const float* __restrict pc = c.data();
+    for (std::size_t i = 0; i < n; ++i) pa[i] = pb[i] + s * pc[i];
+    benchmark::DoNotOptimize(a.data());
+    benchmark::ClobberMemory();
+  }
+  set_counters(state, static_cast<double>(n), 3.0 * static_cast<double>(n) * sizeof(float));
+}
+
+/// args: S, layout (0 half, 1 interleaved), in place (1) / out of place (0), table (1) / none (0).
+void BM_rope_apply(benchmark::State& state) {
+  const auto S = state.range(0);
+  const auto layout = state.range(1) ? posenc::rope_layout::interleaved : posenc::rope_layout::half;
+  const bool inplace = state.range(2) != 0, with_table = state.range(3) != 0;
+  const posenc::rope r(posenc::rope_config{.head_dim = D, .rope_theta = 5e5, .layout = layout});
+  const posenc::rope_frequencies f = r.at(0);
+  const std::size_t n = static_cast<std::size_t>(S * H * D);
+  std::vector<float> x = random_floats(n, 3), out(inplace ? 0 : n);
+  const posenc::positions pos = posenc::contiguous_positions(1, S);
+  std::optional<posenc::rope_table<float>> table;
+  if (with_table) table.emplace(f.table<float>(0, S));
+  const auto xv = posenc::bshd(x.data(), 1, S, H, D);
+  for (auto _ : state) {
+    if (inplace) {
+      if (with_table) f.apply(xv, posenc::view(pos), *table);
+      else f.apply(xv, posenc::view(pos));
+    } else {
+      const auto ov = posenc::bshd(out.data(), 1, S, H, D);
+      if (with_table) f.apply(posenc::heads_view<const float>(xv), ov, posenc::view(pos), *table);
+      else f.apply(posenc::heads_view<const float>(xv), ov, posenc::view(pos));
+    }
+    benchmark::DoNotOptimize(x.data());
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  const double table_bytes = with_table ? static_cast<double>(table->bytes()) : 0.0;
+  set_counters(state, static_cast<double>(n), 2.0 * static_cast<double>(n) * sizeof(float) + table_bytes);
+}
+
+/// Building a table: cos/sin pairs per second (counter pairs_per_second).
+void BM_rope_table_build(benchmark::State& state) {
+  const auto S = state.range(0);
+  const posenc::rope r(posenc::rope_config{.head_dim = D, .rope_theta = 5e5});
+  for (auto _ : state) {
+    auto t = r.table<float>(0, S);
+    benchmark::DoNotOptimize(t);
+  }
+  state.counters["pairs_per_second"] =
+      benchmark::Counter(static_cast<double>(S * D / 2), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+/// Attention (float, one thread, causal, H = 8, d = 128) with RoPE fused vs without an encoding.
+void BM_attention(benchmark::State& state) {
+  const auto L = state.range(0);
+  const bool with_rope = state.range(1) != 0;
+  constexpr posenc::index AH = 8;
+  const std::size_t n = static_cast<std::size_t>(L * AH * D);
+  const auto q = random_floats(n, 4), k = random_floats(n, 5), v = random_floats(n, 6);
+  std::vector<float> out(n);
+  posenc::attention_options opt;
+  opt.causal = true;
+  const posenc::rope r(posenc::rope_config{.head_dim = D, .rope_theta = 5e5});
+  const auto qv = posenc::bshd<const float>(q.data(), 1, L, AH, D), kv = posenc::bshd<const float>(k.data(), 1, L, AH, D),
+             vv = posenc::bshd<const float>(v.data(), 1, L, AH, D);
+  const auto ov = posenc::bshd(out.data(), 1, L, AH, D);
+  for (auto _ : state) {
+    if (with_rope) posenc::attention(qv, kv, vv, ov, r, opt);
+    else posenc::attention(qv, kv, vv, ov, posenc::no_position{}, opt);
+    benchmark::DoNotOptimize(out.data());
+  }
+}
+
+void apply_args(benchmark::internal::Benchmark* b) {
+  for (std::int64_t S : {128, 1024, 8192, 32768})
+    for (int layout : {0, 1})
+      for (int inplace : {1, 0})
+        for (int table : {1, 0}) b->Args({S, layout, inplace, table});
+  b->ArgNames({"S", "interleaved", "inplace", "table"});
+}
+
+}  // namespace
+
+BENCHMARK(BM_triad)->Arg(128)->Arg(1024)->Arg(8192)->Arg(32768)->ArgName("S");
+BENCHMARK(BM_rope_apply)->Apply(apply_args);
+BENCHMARK(BM_rope_table_build)->Arg(8192)->ArgName("S");
+BENCHMARK(BM_attention)->Args({1024, 0})->Args({1024, 1})->Args({2048, 0})->Args({2048, 1})->ArgNames({"L", "rope"})
+    ->Unit(benchmark::kMillisecond);
+
+BENCHMARK_MAIN();

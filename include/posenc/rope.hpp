@@ -1,0 +1,534 @@
+// posenc/rope.hpp — rotary position embedding (RoPE; Su et al. 2021, RoFormer sec. 3.4) with every
+// Hugging Face scaling type, both pair layouts, partial rotary, exact angles, a shareable cos/sin
+// table, context shifting and the attention kernel's Q/K-transform hook.
+//
+//   posenc::rope r(posenc::rope_config{
+//       .head_dim = 128, .rope_theta = 5e5, .layout = posenc::rope_layout::half,
+//       .scaling = {.rope_type = posenc::rope_type::llama3, .factor = 8, .original_max_position_embeddings = 8192,
+//                   .low_freq_factor = 1, .high_freq_factor = 4},
+//       .max_position_embeddings = 131072});
+//   r.apply(q, k, posenc::view(pos));          // q and k in place, positions [batch, seq]
+//   posenc::attention(q, k, v, out, r, opts);  // or fused: r is a Q/K transform of the kernel
+//
+// Nothing here caches state between calls: dynamic NTK and LongRoPE take the current sequence length
+// as an argument (rope::at), or derive it from the positions of the call (FORMAT.md section 3).
+// Every object is immutable once constructed and may be shared between threads.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#include "posenc/detail/rope_kernels.hpp"
+#include "posenc/encoding.hpp"
+#include "posenc/error.hpp"
+#include "posenc/positions.hpp"
+#include "posenc/rope_scaling.hpp"
+#include "posenc/tensor.hpp"
+
+namespace posenc {
+
+/// Which features form a rotated pair.
+enum class rope_layout {
+  half,         ///< (i, i + d/2): HF rotate_half, GPT-NeoX, Llama as converted to HF
+  interleaved,  ///< (2i, 2i+1): GPT-J rotate_every_two, RoFormer, Meta checkpoints, GGUF "normal"
+};
+
+/// How angles and cos/sin are evaluated.
+enum class rope_angles {
+  /// angle = position * inv_freq in double, reduced mod 2 pi in double, then cos/sin in T:
+  /// |error| <= 1e-6 for unit inputs at any position up to 2^24 (float), ~1e-16 relative (double).
+  exact,
+  /// Hugging Face's float32 path (float32 inv_freq, float32(position) * inv_freq rounded once, float32
+  /// cos/sin): reproduces HF checkpoints' outputs, including their error at large positions.
+  hf_float32,
+};
+
+/// RoPE configuration, keys as in Hugging Face's config.json.
+struct rope_config {
+  index head_dim = 0;
+  double rope_theta = 10000.0;
+  /// rotary_dim = int(head_dim * partial_rotary_factor) (truncation) unless rotary_dim is set.
+  double partial_rotary_factor = 1.0;
+  std::optional<index> rotary_dim{};
+  rope_layout layout = rope_layout::half;
+  rope_scaling scaling{};
+  std::optional<std::int64_t> max_position_embeddings{};
+  rope_angles angles = rope_angles::exact;
+  /// Explicit current sequence length for dynamic / longrope. Unset: apply() derives
+  /// max(positions)+1 over the whole positions tensor, bind() (the fused kernel) max(q positions)+1.
+  std::optional<std::int64_t> seq_len{};
+};
+
+class rope_frequencies;
+
+/// cos/sin of a position range [first, first + count), built once (in double), stored as T, then
+/// immutable: share it between threads, heads, layers and calls. Build with rope::table or
+/// rope_frequencies::table. A table belongs to the frequencies it was built from; apply() checks that.
+template <class T>
+class rope_table {
+ public:
+  [[nodiscard]] std::int64_t first() const { return first_; }
+  [[nodiscard]] index count() const { return count_; }
+  [[nodiscard]] index rotary_dim() const { return rotary_dim_; }
+  [[nodiscard]] rope_layout layout() const { return layout_; }
+  [[nodiscard]] bool contains(std::int64_t p) const { return p >= first_ && p - first_ < count_; }
+  /// Values per position (rotary_dim for half, 2 * rotary_dim for interleaved; detail/rope_kernels.hpp).
+  [[nodiscard]] index width() const { return detail::row_width(rotary_dim_, layout_ == rope_layout::interleaved); }
+  [[nodiscard]] const T* row(std::int64_t p) const { return data_->data() + (p - first_) * width(); }
+  /// Bytes of the table (what one pass over it reads).
+  [[nodiscard]] std::size_t bytes() const { return data_->size() * sizeof(T); }
+  /// The same table stored as U.
+  template <class U>
+  [[nodiscard]] rope_table<U> converted() const {
+    rope_table<U> t;
+    t.first_ = first_;
+    t.count_ = count_;
+    t.rotary_dim_ = rotary_dim_;
+    t.layout_ = layout_;
+    t.inv_freq_ = inv_freq_;
+    t.attention_factor_ = attention_factor_;
+    t.angles_ = angles_;
+    t.data_ = std::make_shared<const std::vector<U>>(data_->begin(), data_->end());
+    return t;
+  }
+
+ private:
+  friend class rope_frequencies;
+  template <class U>
+  friend class rope_table;
+  std::int64_t first_ = 0;
+  index count_ = 0, rotary_dim_ = 0;
+  rope_layout layout_ = rope_layout::half;
+  std::vector<double> inv_freq_{};  // identity of the frequencies it was built from
+  double attention_factor_ = 1;
+  rope_angles angles_ = rope_angles::exact;
+  std::shared_ptr<const std::vector<T>> data_{};
+};
+
+/// RoPE frequencies resolved for one sequence length: inv_freq, attention factor, layout. Everything
+/// that rotates lives here; rope (below) resolves the sequence length and forwards. Also what
+/// rope::bind returns to the attention kernel (then with a cos/sin table of the call's positions).
+class rope_frequencies {
+ public:
+  rope_frequencies(index head_dim, index rotary_dim, rope_layout layout, rope_angles angles,
+                   std::vector<double> inv_freq, std::vector<float> inv_freq_f32, double attention_factor,
+                   std::int64_t seq_len)
+      : head_dim_(head_dim), rotary_dim_(rotary_dim), layout_(layout), angles_(angles),
+        inv_freq_(std::move(inv_freq)), inv_freq_f32_(std::move(inv_freq_f32)), attention_factor_(attention_factor),
+        seq_len_(seq_len) {}
+
+  [[nodiscard]] index head_dim() const { return head_dim_; }
+  [[nodiscard]] index rotary_dim() const { return rotary_dim_; }
+  [[nodiscard]] rope_layout layout() const { return layout_; }
+  [[nodiscard]] rope_angles angles() const { return angles_; }
+  /// inv_freq in double (rotary_dim/2 values); the exact mode rotates with these.
+  [[nodiscard]] const std::vector<double>& inv_freq() const { return inv_freq_; }
+  /// inv_freq as HF's float32 code computes it; the hf_float32 mode rotates with these.
+  [[nodiscard]] const std::vector<float>& inv_freq_hf_float32() const { return inv_freq_f32_; }
+  [[nodiscard]] double attention_factor() const { return attention_factor_; }
+  /// The sequence length these frequencies were resolved for (0 when it did not matter).
+  [[nodiscard]] std::int64_t seq_len() const { return seq_len_; }
+
+  // ---- apply ---------------------------------------------------------------------------------------
+
+  /// Rotate x in place; positions [batch, seq].
+  template <class T>
+    requires(!std::is_const_v<T>)
+  void apply(heads_view<T> x, positions_view pos) const {
+    check_x(x, "x");
+    check_positions(pos, x, "positions");
+    run(heads_view<const T>(x), x, pos, static_cast<const rope_table<T>*>(nullptr));
+  }
+
+  /// out = RoPE(in); in and out have the same shape (either layout each) and must not overlap unless
+  /// they are the same buffer in the same layout (then it is the in-place apply).
+  template <class In, class T>
+    requires(std::is_same_v<std::remove_const_t<In>, T> && !std::is_const_v<T>)
+  void apply(heads_view<In> in, heads_view<T> out, positions_view pos) const {
+    check_pair(heads_view<const T>(in), out);
+    check_positions(pos, out, "positions");
+    run(heads_view<const T>(in), out, pos, static_cast<const rope_table<T>*>(nullptr));
+  }
+
+  /// In place, cos/sin read from a table that covers every position.
+  template <class T>
+    requires(!std::is_const_v<T>)
+  void apply(heads_view<T> x, positions_view pos, const rope_table<T>& table) const {
+    check_x(x, "x");
+    check_positions(pos, x, "positions");
+    check_table(table, pos);
+    run(heads_view<const T>(x), x, pos, &table);
+  }
+
+  /// Out of place with a table.
+  template <class In, class T>
+    requires(std::is_same_v<std::remove_const_t<In>, T> && !std::is_const_v<T>)
+  void apply(heads_view<In> in, heads_view<T> out, positions_view pos, const rope_table<T>& table) const {
+    check_pair(heads_view<const T>(in), out);
+    check_positions(pos, out, "positions");
+    check_table(table, pos);
+    run(heads_view<const T>(in), out, pos, &table);
+  }
+
+  /// Context shifting: re-rotate cached (already rotated) keys by `delta` positions, k <- R(delta) k.
+  /// Rotations compose, R(delta) R(p) = R(p + delta), so this equals applying RoPE at p + delta (up to
+  /// rounding). The attention factor is not applied again.
+  template <class T>
+    requires(!std::is_const_v<T>)
+  void shift(heads_view<T> k, std::int64_t delta) const {
+    check_x(k, "k");
+    std::vector<T> row(static_cast<std::size_t>(width()));
+    fill_row(delta, row.data(), 1.0);
+    const bool il = interleaved();
+    for (index b = 0; b < k.batch(); ++b)
+      for (index s = 0; s < k.seq(); ++s)
+        for (index h = 0; h < k.heads(); ++h) detail::rotate_row_inplace(k.row(b, s, h), row.data(), rotary_dim_, il);
+  }
+
+  /// cos/sin table for positions first .. first+count-1 (computed in double, stored as T).
+  template <class T>
+  [[nodiscard]] rope_table<T> table(std::int64_t first, index count) const {
+    require(count >= 0, "count", "must be >= 0", count);
+    require(first <= std::numeric_limits<std::int64_t>::max() - count, "first", "first + count overflows int64",
+            first, " + ", count);
+    auto data = std::make_shared<std::vector<T>>(static_cast<std::size_t>(count * width()));
+    fill_rows(first, count, data->data());
+    rope_table<T> tab;
+    tab.first_ = first;
+    tab.count_ = count;
+    tab.rotary_dim_ = rotary_dim_;
+    tab.layout_ = layout_;
+    tab.inv_freq_ = inv_freq_;
+    tab.attention_factor_ = attention_factor_;
+    tab.angles_ = angles_;
+    tab.data_ = std::move(data);
+    return tab;
+  }
+
+  // ---- kernel hook -----------------------------------------------------------------------------
+
+  /// The attention kernel's Q/K transform: x = [tokens x head_dim] (strided rows) of one head, in
+  /// place, token r at position pos[r]. Uses the call's table when bind() built one.
+  template <class T>
+  void transform_qk(qk_role role, index head, std::span<const std::int64_t> pos, matrix_map<T> x) const {
+    (void)role;  // q and k rotate alike
+    (void)head;  // and every head alike
+    require(x.cols() == head_dim_, "x", "columns must equal head_dim", x.cols(), " vs ", head_dim_);
+    require(static_cast<index>(pos.size()) == x.rows(), "pos", "must have one position per row", pos.size(),
+            " positions for ", x.rows(), " rows");
+    const index w = width();
+    constexpr index small = 1024;
+    std::array<T, small> stack;  // no zero fill: every use writes the row first
+    std::vector<T> heap;
+    T* row = stack.data();
+    if (w > small) {
+      heap.resize(static_cast<std::size_t>(w));
+      row = heap.data();
+    }
+    for (index r = 0; r < x.rows(); ++r) {
+      const std::int64_t p = pos[static_cast<std::size_t>(r)];
+      const T* use = row;
+      const auto& table = call_table<T>();
+      if (table && table->contains(p)) {
+        use = table->row(p);
+      } else {
+        fill_row(p, row, attention_factor_);
+      }
+      detail::rotate_row_inplace(x.data() + r * x.outerStride(), use, rotary_dim_, interleaved());
+    }
+  }
+
+ private:
+  friend class rope;
+
+  [[nodiscard]] bool interleaved() const { return layout_ == rope_layout::interleaved; }
+  [[nodiscard]] index pairs() const { return rotary_dim_ / 2; }
+  [[nodiscard]] index width() const { return detail::row_width(rotary_dim_, interleaved()); }
+
+  /// Rows of positions first .. first+count-1 into out (count * width() values).
+  template <class T>
+  void fill_rows(std::int64_t first, index count, T* out) const {
+    const index w = width(), h = pairs();
+    if (angles_ == rope_angles::exact) {
+      detail::angles_double_run(first, count, inv_freq_.data(), h, [&](index t, const double* c, const double* s) {
+        detail::store_row(c, s, attention_factor_, h, interleaved(), out + t * w);
+      });
+    } else {
+      for (index t = 0; t < count; ++t) fill_row(first + t, out + t * w, attention_factor_);
+    }
+  }
+
+  /// The row (detail/rope_kernels.hpp) of one position, cos/sin multiplied by `scale`.
+  template <class T>
+  void fill_row(std::int64_t p, T* row, double scale) const {
+    const index h = pairs();
+    constexpr index small = 512;  // pairs kept on the stack; larger heads use the heap
+    if (angles_ == rope_angles::exact) {
+      std::array<T, 2 * small> stack;
+      std::vector<T> heap(static_cast<std::size_t>(h > small ? 2 * h : 0));
+      T* c = h > small ? heap.data() : stack.data();
+      detail::angles_exact(static_cast<double>(p), inv_freq_.data(), scale, h, c, c + h);
+      detail::store_row(c, c + h, T(1), h, interleaved(), row);
+    } else {
+      std::array<float, 2 * small> stack;
+      std::vector<float> heap(static_cast<std::size_t>(h > small ? 2 * h : 0));
+      float* c = h > small ? heap.data() : stack.data();
+      detail::angles_hf_float32(p, inv_freq_f32_.data(), scale, h, c, c + h);
+      detail::store_row(c, c + h, 1.0f, h, interleaved(), row);
+    }
+  }
+
+  template <class T>
+  void check_x(const heads_view<T>& x, const char* name) const {
+    require(x.dim() == head_dim_, name, "head_dim must equal the rope's head_dim", x.dim(), " vs ", head_dim_);
+  }
+  template <class T>
+  void check_positions(const positions_view& pos, const heads_view<T>& x, const char* name) const {
+    require(pos.dimension(0) == x.batch() && pos.dimension(1) == x.seq(), name, "must be [batch, seq]", "[",
+            pos.dimension(0), ", ", pos.dimension(1), "] for batch ", x.batch(), ", seq ", x.seq());
+    require(pos.data() != nullptr || pos.size() == 0, name, "data must not be null");
+  }
+  template <class T>
+  void check_pair(const heads_view<const T>& in, const heads_view<T>& out) const {
+    check_x(in, "in");
+    check_x(out, "out");
+    require(in.batch() == out.batch() && in.seq() == out.seq() && in.heads() == out.heads(), "out",
+            "must have the shape of in", "[", out.batch(), ", ", out.seq(), ", ", out.heads(), "] vs [", in.batch(),
+            ", ", in.seq(), ", ", in.heads(), "]");
+    const bool same = in.data() == out.data() && in.order() == out.order();
+    if (!same && in.size() > 0) {
+      const auto* a0 = reinterpret_cast<const char*>(in.data());
+      const auto* a1 = reinterpret_cast<const char*>(in.data() + in.size());
+      const auto* b0 = reinterpret_cast<const char*>(out.data());
+      const auto* b1 = reinterpret_cast<const char*>(out.data() + out.size());
+      require(a1 <= b0 || b1 <= a0, "out", "must not overlap in (except being the same buffer and layout)");
+    }
+  }
+  template <class T>
+  void check_table(const rope_table<T>& t, const positions_view& pos) const {
+    require(t.rotary_dim_ == rotary_dim_ && t.layout_ == layout_ && t.angles_ == angles_ &&
+                t.attention_factor_ == attention_factor_ && t.inv_freq_ == inv_freq_,
+            "table", "was built for other frequencies (rotary_dim, layout, angles, inv_freq or attention factor)");
+    for (index i = 0; i < pos.size(); ++i)
+      require(t.contains(pos.data()[i]), "table", "must cover every position", "position ", pos.data()[i],
+              " outside [", t.first(), ", ", t.first() + t.count(), ")");
+  }
+
+  /// The apply loop: for each token, one cos/sin row (computed or from the table), then every head.
+  template <class T>
+  void run(heads_view<const T> in, heads_view<T> out, positions_view pos, const rope_table<T>* table) const {
+    const bool inplace = in.data() == out.data() && in.order() == out.order();
+    const bool il = interleaved();
+    std::vector<T> scratch(static_cast<std::size_t>(table ? 0 : width()));
+    for (index b = 0; b < out.batch(); ++b) {
+      for (index s = 0; s < out.seq(); ++s) {
+        const std::int64_t p = pos(b, s);
+        const T* row;
+        if (table) {
+          row = table->row(p);
+        } else {
+          fill_row(p, scratch.data(), attention_factor_);
+          row = scratch.data();
+        }
+        for (index h = 0; h < out.heads(); ++h) {
+          if (inplace) detail::rotate_row_inplace(out.row(b, s, h), row, rotary_dim_, il);
+          else detail::rotate_row_copy(in.row(b, s, h), out.row(b, s, h), row, rotary_dim_, head_dim_, il);
+        }
+      }
+    }
+  }
+
+  index head_dim_, rotary_dim_;
+  rope_layout layout_;
+  rope_angles angles_;
+  std::vector<double> inv_freq_;
+  std::vector<float> inv_freq_f32_;
+  double attention_factor_;
+  std::int64_t seq_len_;
+  // cos/sin of the call's position range, set by rope::bind, in both precisions the kernel may run in.
+  std::shared_ptr<const rope_table<float>> call_table_f_{};
+  std::shared_ptr<const rope_table<double>> call_table_d_{};
+  template <class T>
+  [[nodiscard]] const auto& call_table() const {
+    if constexpr (std::is_same_v<T, float>) return call_table_f_;
+    else return call_table_d_;
+  }
+};
+
+/// RoPE of one model configuration. Validates the configuration on construction (posenc::error names
+/// the key); immutable afterwards.
+class rope {
+ public:
+  explicit rope(const rope_config& cfg) : cfg_(cfg), params_(resolve_params(cfg)) {
+    detail::validate(params_);
+    short_.emplace(make(0));
+    if (params_.scaling.rope_type == rope_type::longrope) long_.emplace(make(*params_.original() + 1));
+  }
+
+  [[nodiscard]] const rope_config& config() const { return cfg_; }
+  [[nodiscard]] index head_dim() const { return cfg_.head_dim; }
+  [[nodiscard]] index rotary_dim() const { return params_.rotary_dim; }
+  [[nodiscard]] rope_layout layout() const { return cfg_.layout; }
+  [[nodiscard]] rope_angles angles() const { return cfg_.angles; }
+  /// Whether inv_freq depends on the sequence length (dynamic, longrope).
+  [[nodiscard]] bool uses_seq_len() const { return params_.uses_seq_len(); }
+
+  /// The frequencies for sequence length `seq_len` (dynamic / longrope; the others ignore it).
+  [[nodiscard]] rope_frequencies at(std::int64_t seq_len) const {
+    require(seq_len >= 0, "seq_len", "must be >= 0", seq_len);
+    if (!uses_seq_len()) return *short_;
+    if (!detail::beyond_limit(params_, seq_len)) return with_seq_len(*short_, seq_len);
+    if (long_) return with_seq_len(*long_, seq_len);
+    return make(seq_len);
+  }
+  /// The sequence length apply() uses for these positions: config().seq_len if set, else
+  /// max(positions) + 1 over the whole tensor (all batch rows), as HF's forward does.
+  [[nodiscard]] std::int64_t seq_len_for(positions_view pos) const {
+    return cfg_.seq_len ? *cfg_.seq_len : std::max<std::int64_t>(sequence_length(pos), 0);
+  }
+
+  /// inv_freq (double) at a sequence length (default: config().seq_len, else unscaled).
+  [[nodiscard]] std::vector<double> inv_freq(std::optional<std::int64_t> seq_len = std::nullopt) const {
+    return at(default_len(seq_len)).inv_freq();
+  }
+  [[nodiscard]] std::vector<float> inv_freq_hf_float32(std::optional<std::int64_t> seq_len = std::nullopt) const {
+    return at(default_len(seq_len)).inv_freq_hf_float32();
+  }
+  /// The factor on cos and sin (YaRN mscale, LongRoPE's factor; 1 otherwise).
+  [[nodiscard]] double attention_factor() const { return detail::attention_factor(params_); }
+
+  // ---- apply: the sequence length comes from the positions (or config().seq_len) -----------------
+
+  template <class T>
+    requires(!std::is_const_v<T>)
+  void apply(heads_view<T> x, positions_view pos) const {
+    at(len_for(pos)).apply(x, pos);
+  }
+  template <class In, class T>
+    requires(std::is_same_v<std::remove_const_t<In>, T> && !std::is_const_v<T>)
+  void apply(heads_view<In> in, heads_view<T> out, positions_view pos) const {
+    at(len_for(pos)).apply(in, out, pos);
+  }
+  /// q and k at the same positions (HF apply_rotary_pos_emb), one sequence length for both.
+  template <class T>
+    requires(!std::is_const_v<T>)
+  void apply_qk(heads_view<T> q, heads_view<T> k, positions_view pos) const {
+    const rope_frequencies f = at(len_for(pos));
+    f.check_x(q, "q");
+    f.check_x(k, "k");
+    f.check_positions(pos, q, "positions");
+    f.check_positions(pos, k, "positions");
+    f.apply(q, pos);
+    f.apply(k, pos);
+  }
+  /// With a table (built by table() for the same sequence length).
+  template <class T>
+    requires(!std::is_const_v<T>)
+  void apply(heads_view<T> x, positions_view pos, const rope_table<T>& table) const {
+    at(len_for(pos)).apply(x, pos, table);
+  }
+  template <class In, class T>
+    requires(std::is_same_v<std::remove_const_t<In>, T> && !std::is_const_v<T>)
+  void apply(heads_view<In> in, heads_view<T> out, positions_view pos, const rope_table<T>& table) const {
+    at(len_for(pos)).apply(in, out, pos, table);
+  }
+
+  /// Context shifting by `delta` positions (see rope_frequencies::shift). seq_len: as inv_freq().
+  template <class T>
+    requires(!std::is_const_v<T>)
+  void shift(heads_view<T> k, std::int64_t delta, std::optional<std::int64_t> seq_len = std::nullopt) const {
+    at(default_len(seq_len)).shift(k, delta);
+  }
+
+  /// cos/sin table for positions [first, first + count). seq_len: as inv_freq().
+  template <class T>
+  [[nodiscard]] rope_table<T> table(std::int64_t first, index count,
+                                    std::optional<std::int64_t> seq_len = std::nullopt) const {
+    return at(default_len(seq_len)).template table<T>(first, count);
+  }
+
+  // ---- kernel hooks -------------------------------------------------------------------------------
+
+  /// Per attention call: resolve the sequence length once — config().seq_len if set, else
+  /// max(q positions) + 1 (HF's forward derives it from the query position_ids) — and build a double
+  /// cos/sin table of the call's position range when that range is not much larger than the call's
+  /// tokens, so the per-head transforms only stream x. Returns an immutable object.
+  [[nodiscard]] rope_frequencies bind(const call_info& info) const {
+    const std::int64_t L = cfg_.seq_len ? *cfg_.seq_len : std::max<std::int64_t>(info.q_max + 1, 0);
+    rope_frequencies f = at(L);
+    const bool has_q = info.q_max >= info.q_min, has_k = info.k_max >= info.k_min;
+    if (has_q || has_k) {
+      const std::int64_t lo = std::min(has_q ? info.q_min : info.k_min, has_k ? info.k_min : info.q_min);
+      const std::int64_t hi = std::max(has_q ? info.q_max : info.k_max, has_k ? info.k_max : info.q_max);
+      const std::int64_t tokens = static_cast<std::int64_t>(info.batch) * (info.q_len + info.k_len);
+      // The span in unsigned arithmetic: exact for any hi >= lo, no signed overflow.
+      const std::uint64_t span = static_cast<std::uint64_t>(hi) - static_cast<std::uint64_t>(lo);
+      if (span < static_cast<std::uint64_t>(2 * tokens + 64))
+      {
+        // One trig pass (double), stored in both precisions the kernel may run in.
+        auto d = std::make_shared<rope_table<double>>(f.table<double>(lo, static_cast<index>(span + 1)));
+        f.call_table_f_ = std::make_shared<const rope_table<float>>(d->template converted<float>());
+        f.call_table_d_ = std::move(d);
+      }
+    }
+    return f;
+  }
+
+  /// Q/K transform without bind (config().seq_len, else unscaled frequencies).
+  template <class T>
+  void transform_qk(qk_role role, index head, std::span<const std::int64_t> pos, matrix_map<T> x) const {
+    at(default_len(std::nullopt)).transform_qk(role, head, pos, x);
+  }
+
+ private:
+  static detail::rope_freq_params resolve_params(const rope_config& c) {
+    require(c.head_dim > 0, "head_dim", "must be > 0", c.head_dim);
+    index rot = 0;
+    if (c.rotary_dim) {
+      rot = *c.rotary_dim;
+    } else {
+      require(std::isfinite(c.partial_rotary_factor) && c.partial_rotary_factor > 0 && c.partial_rotary_factor <= 1,
+              "partial_rotary_factor", "must be in (0, 1]", c.partial_rotary_factor);
+      // HF: int(head_dim * partial_rotary_factor), truncation of the double product.
+      rot = static_cast<index>(static_cast<double>(c.head_dim) * c.partial_rotary_factor);
+    }
+    require(rot > 0 && rot <= c.head_dim, "rotary_dim", "must be in [1, head_dim]", rot, ", head_dim ", c.head_dim);
+    require(rot % 2 == 0, "rotary_dim", "must be even (features rotate in pairs)", rot);
+    if (c.seq_len) require(*c.seq_len >= 0, "seq_len", "must be >= 0", *c.seq_len);
+    detail::rope_freq_params p;
+    p.rotary_dim = rot;
+    p.base = c.rope_theta;
+    p.max_position_embeddings = c.max_position_embeddings;
+    p.scaling = c.scaling;
+    return p;
+  }
+
+  [[nodiscard]] rope_frequencies make(std::int64_t L) const {
+    return rope_frequencies(cfg_.head_dim, params_.rotary_dim, cfg_.layout, cfg_.angles, detail::inv_freq(params_, L),
+                            detail::inv_freq_hf_float32(params_, L), detail::attention_factor(params_),
+                            uses_seq_len() ? L : 0);
+  }
+  static rope_frequencies with_seq_len(rope_frequencies f, std::int64_t L) {
+    f.seq_len_ = L;
+    return f;
+  }
+  [[nodiscard]] std::int64_t default_len(std::optional<std::int64_t> seq_len) const {
+    if (seq_len) return *seq_len;
+    return cfg_.seq_len ? *cfg_.seq_len : 0;
+  }
+  [[nodiscard]] std::int64_t len_for(positions_view pos) const { return uses_seq_len() ? seq_len_for(pos) : 0; }
+
+  rope_config cfg_;
+  detail::rope_freq_params params_;
+  std::optional<rope_frequencies> short_{}, long_{};
+};
+
+}  // namespace posenc

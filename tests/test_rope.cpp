@@ -1,0 +1,744 @@
+// tests/test_rope.cpp — RoPE (label rope): golden vectors (FORMAT.md 5.2, 5.3) and closed-form
+// properties. Every expectation is an independent oracle: the float64 golden outputs, the formulas of
+// the papers written out here, or the double reference attention.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <numbers>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "golden.hpp"
+#include "posenc/reference.hpp"
+#include "posenc/rope.hpp"
+
+#if __has_include("posenc/attention.hpp")
+#include "posenc/attention.hpp"
+#define POSENC_TEST_HAVE_KERNEL 1
+#endif
+
+namespace {
+
+using posenc::index;
+
+// ---- helpers -------------------------------------------------------------------------------------
+
+std::vector<double> random_normal(std::size_t n, unsigned seed) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<double> d(0.0, 1.0);
+  std::vector<double> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  REQUIRE(a.size() == b.size());
+  double m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+
+/// Number of elements violating a FORMAT.md section 4 rule (informational rules never fail).
+std::size_t violations(const std::vector<double>& actual, const std::vector<double>& expected, const golden::rule& r) {
+  REQUIRE(actual.size() == expected.size());
+  if (r.informational) return 0;
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < actual.size(); ++i) {
+    const double tol = r.exact ? 0.0 : r.atol + r.rtol * std::abs(expected[i]);
+    if (!(std::abs(actual[i] - expected[i]) <= tol)) ++bad;
+  }
+  return bad;
+}
+
+template <class T>
+std::vector<double> to_double(const std::vector<T>& v) {
+  return std::vector<double>(v.begin(), v.end());
+}
+
+/// rope_config from a golden case's params (keys as HF's config.json, FORMAT.md 5.2).
+posenc::rope_config config_from(const nlohmann::json& p) {
+  posenc::rope_config c;
+  c.head_dim = p.at("head_dim").get<index>();
+  c.rope_theta = p.at("rope_theta").get<double>();
+  if (p.contains("partial_rotary_factor") && !p.at("partial_rotary_factor").is_null())
+    c.partial_rotary_factor = p.at("partial_rotary_factor").get<double>();
+  if (p.contains("max_position_embeddings") && !p.at("max_position_embeddings").is_null())
+    c.max_position_embeddings = p.at("max_position_embeddings").get<std::int64_t>();
+  c.layout = p.at("layout").get<std::string>() == "half" ? posenc::rope_layout::half : posenc::rope_layout::interleaved;
+  if (p.contains("seq_len") && !p.at("seq_len").is_null()) c.seq_len = p.at("seq_len").get<std::int64_t>();
+  if (p.contains("rope_scaling") && !p.at("rope_scaling").is_null()) {
+    const auto& s = p.at("rope_scaling");
+    auto num = [&](const char* k) -> std::optional<double> {
+      if (s.contains(k) && !s.at(k).is_null()) return s.at(k).get<double>();
+      return std::nullopt;
+    };
+    const std::string type = s.contains("rope_type") ? s.at("rope_type").get<std::string>() : s.at("type").get<std::string>();
+    c.scaling.rope_type = posenc::rope_type_from_string(type);
+    c.scaling.factor = num("factor");
+    if (auto o = num("original_max_position_embeddings")) c.scaling.original_max_position_embeddings = static_cast<std::int64_t>(*o);
+    c.scaling.attention_factor = num("attention_factor");
+    c.scaling.beta_fast = num("beta_fast");
+    c.scaling.beta_slow = num("beta_slow");
+    c.scaling.mscale = num("mscale");
+    c.scaling.mscale_all_dim = num("mscale_all_dim");
+    if (s.contains("truncate") && !s.at("truncate").is_null()) c.scaling.truncate = s.at("truncate").get<bool>();
+    c.scaling.low_freq_factor = num("low_freq_factor");
+    c.scaling.high_freq_factor = num("high_freq_factor");
+    if (s.contains("short_factor")) c.scaling.short_factor = s.at("short_factor").get<std::vector<double>>();
+    if (s.contains("long_factor")) c.scaling.long_factor = s.at("long_factor").get<std::vector<double>>();
+    if (auto t = num("rope_theta")) c.rope_theta = *t;  // inside rope_scaling overrides (FORMAT.md 5.2)
+    if (auto f = num("partial_rotary_factor")) c.partial_rotary_factor = *f;
+  }
+  return c;
+}
+
+/// [B, S, H, D] row-major buffer -> [B, H, S, D].
+template <class T>
+std::vector<T> bshd_to_bhsd(const std::vector<T>& x, index B, index S, index H, index D) {
+  std::vector<T> y(x.size());
+  for (index b = 0; b < B; ++b)
+    for (index s = 0; s < S; ++s)
+      for (index h = 0; h < H; ++h)
+        for (index d = 0; d < D; ++d) y[((b * H + h) * S + s) * D + d] = x[((b * S + s) * H + h) * D + d];
+  return y;
+}
+
+const std::vector<std::string> rope_cases = {
+    "rope_llama2_default_half_d128",      "rope_interleaved_d128_theta1e6",
+    "rope_partial_0.4_half_d80_phi2",     "rope_partial_gptj_d256_rot64_interleaved",
+    "rope_linear_f8_longchat16k",         "rope_dynamic_ntk_f4_beyond_4096",
+    "rope_dynamic_ntk_f4_within_4096",    "rope_yarn_f4_orig4096_truncate",
+    "rope_llama31_f8_interleaved_gguf",   "rope_longrope_phi3_medium_short",
+    "rope_longrope_phi3_medium_long",     "rope_default_theta1e6_near_2p18"};
+
+posenc::rope_config base_config(index d = 128, double theta = 10000.0,
+                                posenc::rope_layout layout = posenc::rope_layout::half) {
+  return posenc::rope_config{.head_dim = d, .rope_theta = theta, .layout = layout};
+}
+
+/// theta_i = base^(-2i/d), the RoFormer frequencies, written out independently of the library.
+double theta(double base, index i, index d) { return std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(d)); }
+
+/// Rotate one [d]-vector by positions * inv_freq in double: the textbook formula of FORMAT.md 5.2.
+std::vector<double> rotate_formula(const std::vector<double>& x, double pos, const std::vector<double>& inv, bool interleaved,
+                                   index rot, double scale = 1.0) {
+  std::vector<double> y = x;
+  const index h = rot / 2;
+  for (index k = 0; k < h; ++k) {
+    const index i1 = interleaved ? 2 * k : k, i2 = interleaved ? 2 * k + 1 : k + h;
+    const double a = pos * inv[static_cast<std::size_t>(k)];
+    const double c = std::cos(a) * scale, s = std::sin(a) * scale;
+    y[i1] = x[i1] * c - x[i2] * s;
+    y[i2] = x[i2] * c + x[i1] * s;
+  }
+  return y;
+}
+
+// ---- golden vectors --------------------------------------------------------------------------------
+
+TEST_CASE("rope golden cases: inv_freq, scalars and outputs in every mode", "[rope][golden]") {
+  const std::string name = GENERATE(from_range(rope_cases));
+  INFO("case " << name);
+  const golden::case_data gc = golden::load(name);
+  const posenc::rope_config cfg = config_from(gc.params());
+  const posenc::rope r(cfg);
+
+  const auto& xt = gc.at("x");
+  const index B = xt.shape[0], S = xt.shape[1], H = xt.shape[2], D = xt.shape[3];
+  const std::vector<std::int64_t> pos_data = gc.at("positions").i64();
+  const posenc::positions_view pos(pos_data.data(), B, S);
+  const std::vector<double> x = xt.f64();
+
+  // scalars
+  const auto& sc = gc.meta.at("expected_scalars");
+  CHECK(r.rotary_dim() == sc.at("rotary_dim").get<index>());
+  const double att = sc.at("attention_scaling").get<double>();
+  CHECK(std::abs(r.attention_factor() - att) <= 1e-12 * std::abs(att));
+  if (!sc.at("seq_len_used").is_null()) CHECK(r.seq_len_for(pos) == sc.at("seq_len_used").get<std::int64_t>());
+  const std::int64_t L = r.seq_len_for(pos);
+  const posenc::rope_frequencies f = r.at(L);
+
+  // inv_freq (double and HF float32)
+  CHECK(violations(f.inv_freq(), gc.at("inv_freq").f64(), golden::tolerance(gc, "inv_freq")) == 0);
+  if (gc.has("inv_freq_hf_float32")) {
+    const auto exp32 = gc.at("inv_freq_hf_float32").f64();
+    const auto got32 = to_double(f.inv_freq_hf_float32());
+    CHECK(violations(got32, exp32, golden::tolerance(gc, "inv_freq_hf_float32")) == 0);
+    // Stronger than the case's rtol 4e-6: the float32 operation sequence is reproduced bit for bit.
+    CHECK(got32 == exp32);
+  }
+
+  const std::vector<double> expected = gc.at("out").f64();
+  const golden::rule out_rule = golden::tolerance(gc, "out");
+
+  SECTION("double, in place, BSHD, derived sequence length") {
+    std::vector<double> y = x;
+    r.apply(posenc::bshd(y.data(), B, S, H, D), pos);
+    CHECK(violations(y, expected, out_rule) == 0);
+  }
+  SECTION("double, out of place BSHD -> BHSD, and BHSD in place") {
+    std::vector<double> y(x.size(), -7.0);
+    r.apply(posenc::bshd(x.data(), B, S, H, D), posenc::bhsd(y.data(), B, H, S, D), pos);
+    CHECK(violations(y, bshd_to_bhsd(expected, B, S, H, D), out_rule) == 0);
+    std::vector<double> z = bshd_to_bhsd(x, B, S, H, D);
+    r.apply(posenc::bhsd(z.data(), B, H, S, D), pos);
+    CHECK(violations(z, bshd_to_bhsd(expected, B, S, H, D), out_rule) == 0);
+  }
+  SECTION("double with a table (anchored angle-addition steps) within the case tolerance") {
+    std::int64_t lo = pos_data[0], hi = pos_data[0];
+    for (auto p : pos_data) lo = std::min(lo, p), hi = std::max(hi, p);
+    const auto table = r.table<double>(lo, static_cast<index>(hi - lo + 1), L);
+    std::vector<double> y = x, z = x;
+    r.apply(posenc::bshd(y.data(), B, S, H, D), pos, table);
+    r.apply(posenc::bshd(z.data(), B, S, H, D), pos);
+    CHECK(violations(y, expected, out_rule) == 0);
+    // differs from the table-free path only by the rounding of position * inv_freq (~1e-16 x position)
+    CHECK(max_abs_diff(y, z) <= 1e-15 * static_cast<double>(std::max<std::int64_t>(hi, 1000)) * 8);
+  }
+  SECTION("float, exact angles: <= 1e-6 absolute against the float64 output") {
+    std::vector<float> y(x.begin(), x.end());
+    r.apply(posenc::bshd(y.data(), B, S, H, D), pos);
+    const double dev = max_abs_diff(to_double(y), expected);
+    INFO("max |float exact - float64| = " << dev);
+    CHECK(dev <= 1e-6);
+  }
+  SECTION("float, hf_float32 angles against out_hf_float32") {
+    if (!gc.has("out_hf_float32")) return;
+    posenc::rope_config c32 = cfg;
+    c32.angles = posenc::rope_angles::hf_float32;
+    const posenc::rope r32(c32);
+    std::vector<float> y(x.begin(), x.end());
+    r32.apply(posenc::bshd(y.data(), B, S, H, D), pos);
+    const auto exp32 = gc.at("out_hf_float32").f64();
+    const double dev = max_abs_diff(to_double(y), exp32);
+    const golden::rule rule32 = golden::tolerance(gc, "out_hf_float32");
+    std::printf("%-44s out_hf_float32 max dev %.3g%s\n", name.c_str(), dev, rule32.informational ? " (informational)" : "");
+    // Asserted for every case, also where the case marks it informational: inv_freq is bit-exact
+    // (checked above), so only cos/sin rounding and the multiply-adds differ.
+    CHECK(dev <= 2e-6);
+  }
+}
+
+TEST_CASE("rope_attention golden: RoPE on q and k then causal GQA attention", "[rope][golden][attention]") {
+  const golden::case_data gc = golden::load("rope_attention_gqa16x4_kvcache");
+  const posenc::rope r(config_from(gc.params()));
+  const auto& qt = gc.at("q");
+  const auto& kt = gc.at("k");
+  const auto& vt = gc.at("v");
+  const index B = qt.shape[0], Sq = qt.shape[1], H = qt.shape[2], D = qt.shape[3];
+  const index Sk = kt.shape[1], Hkv = kt.shape[2], Dv = vt.shape[3];
+  const auto qp = gc.at("q_positions").i64();
+  const auto kp = gc.at("k_positions").i64();
+  const posenc::positions_view qpos(qp.data(), B, Sq), kpos(kp.data(), B, Sk);
+  CHECK(r.rotary_dim() == gc.meta.at("expected_scalars").at("rotary_dim").get<index>());
+
+  std::vector<double> q = qt.f64(), k = kt.f64();
+  const std::vector<double> v = vt.f64();
+  r.apply(posenc::bshd(q.data(), B, Sq, H, D), qpos);
+  r.apply(posenc::bshd(k.data(), B, Sk, Hkv, D), kpos);
+  CHECK(violations(q, gc.at("q_rot").f64(), golden::tolerance(gc, "q_rot")) == 0);
+  CHECK(violations(k, gc.at("k_rot").f64(), golden::tolerance(gc, "k_rot")) == 0);
+  CHECK(violations(r.inv_freq(), gc.at("inv_freq").f64(), golden::tolerance(gc, "inv_freq")) == 0);
+
+  posenc::attention_options opt;
+  opt.causal = gc.params().at("causal").get<bool>();
+  opt.q_positions = qpos;
+  opt.k_positions = kpos;
+  std::vector<double> out(static_cast<std::size_t>(B * Sq * H * Dv));
+  std::vector<double> probs(static_cast<std::size_t>(B * H * Sq * Sk));
+  posenc::reference_attention<double>(posenc::bshd<const double>(q.data(), B, Sq, H, D),
+                                      posenc::bshd<const double>(k.data(), B, Sk, Hkv, D),
+                                      posenc::bshd<const double>(v.data(), B, Sk, Hkv, Dv),
+                                      posenc::bshd(out.data(), B, Sq, H, Dv), opt, {},
+                                      posenc::tensor_map<double, 4>(probs.data(), B, H, Sq, Sk));
+  CHECK(violations(out, gc.at("out").f64(), golden::tolerance(gc, "out")) == 0);
+  CHECK(violations(probs, gc.at("probs").f64(), golden::tolerance(gc, "probs")) == 0);
+
+#ifdef POSENC_TEST_HAVE_KERNEL
+  SECTION("fused kernel with the rope encoding on the raw q, k") {
+    const std::vector<double> q0 = qt.f64(), k0 = kt.f64();
+    std::vector<double> fused(out.size(), -1.0);
+    posenc::attention(posenc::bshd<const double>(q0.data(), B, Sq, H, D),
+                      posenc::bshd<const double>(k0.data(), B, Sk, Hkv, D),
+                      posenc::bshd<const double>(v.data(), B, Sk, Hkv, Dv), posenc::bshd(fused.data(), B, Sq, H, Dv),
+                      r, opt);
+    CHECK(violations(fused, gc.at("out").f64(), golden::tolerance(gc, "out")) == 0);
+  }
+#endif
+}
+
+// ---- properties and closed forms -----------------------------------------------------------------
+
+TEST_CASE("rope: q.k after rotation depends only on the position difference", "[rope]") {
+  for (auto layout : {posenc::rope_layout::half, posenc::rope_layout::interleaved}) {
+    const index D = 64;
+    const posenc::rope r(base_config(D, 10000.0, layout));
+    const auto q0 = random_normal(D, 1), k0 = random_normal(D, 2);
+    auto dot_at = [&](std::int64_t pq, std::int64_t pk) {
+      std::vector<double> q = q0, k = k0;
+      const std::int64_t a[1] = {pq}, b[1] = {pk};
+      r.apply(posenc::bshd(q.data(), 1, 1, 1, D), posenc::positions_view(a, 1, 1));
+      r.apply(posenc::bshd(k.data(), 1, 1, 1, D), posenc::positions_view(b, 1, 1));
+      double s = 0;
+      for (index i = 0; i < D; ++i) s += q[i] * k[i];
+      return s;
+    };
+    for (std::int64_t delta : {0, 1, 7, 100, -5}) {
+      const double ref = dot_at(delta + 1000, 1000);
+      for (std::int64_t base : {0, 13, 4096, 50000}) {
+        if (base + delta < 0) continue;
+        CHECK(std::abs(dot_at(base + delta, base) - ref) <= 1e-10);
+      }
+    }
+    // and it is not trivially constant: a different difference gives a different score
+    CHECK(std::abs(dot_at(10, 0) - dot_at(11, 0)) > 1e-6);
+  }
+}
+
+TEST_CASE("rope: YaRN correction range with truncate true and false", "[rope][yarn]") {
+  const index d = 128;
+  const double base = 10000.0, factor = 4.0, orig = 4096.0;
+  // corr(n) = d ln(orig / (2 pi n)) / (2 ln base), YaRN sec. 3.2 / HF find_correction_dim.
+  auto corr = [&](double n) { return d * std::log(orig / (2 * std::numbers::pi * n)) / (2 * std::log(base)); };
+  const double low_raw = corr(32), high_raw = corr(1);
+  REQUIRE(low_raw == Approx(20.94).margin(0.01));
+  REQUIRE(high_raw == Approx(45.03).margin(0.01));
+  for (bool truncate : {true, false}) {
+    INFO("truncate " << truncate);
+    posenc::rope_config c = base_config(d, base);
+    c.max_position_embeddings = 16384;
+    c.scaling = {.rope_type = posenc::rope_type::yarn, .factor = factor, .original_max_position_embeddings = 4096,
+                 .truncate = truncate};
+    const posenc::rope r(c);
+    const double low = truncate ? std::floor(low_raw) : low_raw, high = truncate ? std::ceil(high_raw) : high_raw;
+    const auto inv = r.inv_freq();
+    for (index i = 0; i < d / 2; ++i) {
+      const double t = theta(base, i, d);
+      const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
+      const double want = t * (1 - ramp) + (t / factor) * ramp;
+      CHECK(inv[i] == Approx(want).epsilon(1e-14));
+      if (i <= 20) CHECK(inv[i] == Approx(t).epsilon(1e-15));                 // high frequencies kept
+      if (i >= 46) CHECK(inv[i] == Approx(t / factor).epsilon(1e-15));        // low ones interpolated
+    }
+    // pair 21 sits inside the ramp either way, but at a different weight
+    const double ramp21 = (21 - low) / (high - low);
+    CHECK(inv[21] == Approx(theta(base, 21, d) * (1 - ramp21 + ramp21 / factor)).epsilon(1e-14));
+    CHECK(r.attention_factor() == Approx(0.1 * std::log(factor) + 1).epsilon(1e-15));
+  }
+  // the two settings really differ
+  posenc::rope_config a = base_config(d, base), b = base_config(d, base);
+  a.scaling = {.rope_type = posenc::rope_type::yarn, .factor = factor, .original_max_position_embeddings = 4096};
+  b.scaling = a.scaling;
+  b.scaling.truncate = false;
+  CHECK(posenc::rope(a).inv_freq()[21] != Approx(posenc::rope(b).inv_freq()[21]).epsilon(1e-6));
+  // explicit attention_factor and DeepSeek's mscale ratio
+  a.scaling.attention_factor = 0.75;
+  CHECK(posenc::rope(a).attention_factor() == 0.75);
+  a.scaling.attention_factor.reset();
+  a.scaling.mscale = 0.707;
+  a.scaling.mscale_all_dim = 0.707;
+  CHECK(posenc::rope(a).attention_factor() == Approx(1.0).epsilon(1e-15));
+}
+
+TEST_CASE("rope: Llama-3.1 scaling boundaries (d=128, theta=5e5, factor 8)", "[rope][llama3]") {
+  posenc::rope_config c = base_config(128, 5e5, posenc::rope_layout::half);
+  c.max_position_embeddings = 131072;
+  c.scaling = {.rope_type = posenc::rope_type::llama3, .factor = 8, .original_max_position_embeddings = 8192,
+               .low_freq_factor = 1, .high_freq_factor = 4};
+  const posenc::rope r(c);
+  const auto inv = r.inv_freq();
+  REQUIRE(inv.size() == 64);
+  for (index i = 0; i < 64; ++i) {
+    const double t = theta(5e5, i, 128);
+    INFO("pair " << i);
+    if (i <= 28) {
+      CHECK(inv[i] == Approx(t).epsilon(1e-15));
+    } else if (i <= 34) {
+      CHECK(inv[i] < t * (1 - 1e-9));
+      CHECK(inv[i] > t / 8 * (1 + 1e-9));
+      const double s = (8192.0 * t / (2 * std::numbers::pi) - 1.0) / 3.0;  // Llama 3.1 smooth factor
+      CHECK(inv[i] == Approx((1 - s) * t / 8 + s * t).epsilon(1e-14));
+    } else {
+      CHECK(inv[i] == Approx(t / 8).epsilon(1e-15));
+    }
+  }
+  CHECK(r.attention_factor() == 1.0);
+}
+
+TEST_CASE("rope: LongRoPE switches factors strictly beyond the original length", "[rope][longrope]") {
+  const index d = 16;
+  posenc::rope_config c = base_config(d, 10000.0);
+  c.max_position_embeddings = 131072;
+  c.scaling.rope_type = posenc::rope_type::longrope;
+  c.scaling.original_max_position_embeddings = 4096;
+  for (index i = 0; i < d / 2; ++i) {
+    c.scaling.short_factor.push_back(1.0 + 0.01 * static_cast<double>(i));
+    c.scaling.long_factor.push_back(2.0 + 3.0 * static_cast<double>(i));
+  }
+  const posenc::rope r(c);
+  auto expect = [&](const std::vector<double>& ext) {
+    std::vector<double> v;
+    for (index i = 0; i < d / 2; ++i) v.push_back(theta(10000.0, i, d) / ext[i]);
+    return v;
+  };
+  CHECK(max_abs_diff(r.inv_freq(4096), expect(c.scaling.short_factor)) <= 1e-15);
+  CHECK(max_abs_diff(r.inv_freq(4097), expect(c.scaling.long_factor)) <= 1e-15);
+  CHECK(r.at(4096).seq_len() == 4096);
+  // f = max_pos / orig = 32: sqrt(1 + ln 32 / ln 4096)
+  CHECK(r.attention_factor() == Approx(std::sqrt(1 + std::log(32.0) / std::log(4096.0))).epsilon(1e-15));
+
+  // apply derives L = max(positions) + 1 over the whole tensor (all batch rows)
+  const auto x = random_normal(2 * 2 * d, 3);
+  for (std::int64_t last : {4095, 4096}) {
+    const std::int64_t p[4] = {0, 5, 1, last};  // batch 2, seq 2: the max is in the second row
+    std::vector<double> y = x;
+    r.apply(posenc::bshd(y.data(), 2, 2, 1, d), posenc::positions_view(p, 2, 2));
+    const auto& ext = last + 1 > 4096 ? c.scaling.long_factor : c.scaling.short_factor;
+    const auto inv = expect(ext);
+    for (int t = 0; t < 4; ++t) {
+      std::vector<double> xt(x.begin() + t * d, x.begin() + (t + 1) * d);
+      const auto want = rotate_formula(xt, static_cast<double>(p[t]), inv, false, d, r.attention_factor());
+      std::vector<double> got(y.begin() + t * d, y.begin() + (t + 1) * d);
+      CHECK(max_abs_diff(got, want) <= 1e-12);
+    }
+  }
+}
+
+TEST_CASE("rope: dynamic NTK within and beyond max_position_embeddings", "[rope][dynamic]") {
+  const index d = 64;
+  posenc::rope_config c = base_config(d, 10000.0);
+  c.max_position_embeddings = 2048;
+  c.scaling = {.rope_type = posenc::rope_type::dynamic, .factor = 2};
+  const posenc::rope r(c);
+  std::vector<double> plain;
+  for (index i = 0; i < d / 2; ++i) plain.push_back(theta(10000.0, i, d));
+  CHECK(max_abs_diff(r.inv_freq(1), plain) <= 1e-16);
+  CHECK(max_abs_diff(r.inv_freq(2048), plain) <= 1e-16);  // equal to the limit: unscaled
+  for (std::int64_t L : {2049, 5000, 100000}) {
+    const double base2 = 10000.0 * std::pow(2.0 * L / 2048.0 - 1.0, double(d) / (d - 2));
+    std::vector<double> want;
+    for (index i = 0; i < d / 2; ++i) want.push_back(theta(base2, i, d));
+    const auto got = r.inv_freq(L);
+    for (index i = 0; i < d / 2; ++i) CHECK(got[i] == Approx(want[i]).epsilon(1e-14));
+    CHECK(got[d / 2 - 1] < plain[d / 2 - 1]);
+  }
+  // stateless: asking for a long length does not change a later short one
+  (void)r.inv_freq(100000);
+  CHECK(max_abs_diff(r.inv_freq(100), plain) <= 1e-16);
+  // an explicit seq_len in the config replaces max(positions) + 1
+  posenc::rope_config c2 = c;
+  c2.seq_len = 5000;
+  const std::int64_t p[1] = {3};
+  CHECK(posenc::rope(c2).seq_len_for(posenc::positions_view(p, 1, 1)) == 5000);
+  CHECK(r.seq_len_for(posenc::positions_view(p, 1, 1)) == 4);
+}
+
+TEST_CASE("rope: partial rotary in both layouts passes the tail through", "[rope][partial]") {
+  for (auto layout : {posenc::rope_layout::half, posenc::rope_layout::interleaved}) {
+    const index D = 80, rot = 32, S = 5, H = 3;
+    posenc::rope_config c = base_config(D, 10000.0, layout);
+    c.partial_rotary_factor = 0.4;
+    const posenc::rope r(c);
+    REQUIRE(r.rotary_dim() == rot);
+    posenc::rope_config c_explicit = base_config(D, 10000.0, layout);
+    c_explicit.rotary_dim = rot;
+    const posenc::rope r_explicit(c_explicit);
+    const auto x = random_normal(S * H * D, 4);
+    const auto pos = posenc::contiguous_positions(1, S, 17);
+    std::vector<double> y = x, z(x.size(), 0.0), w = x;
+    r.apply(posenc::bshd(y.data(), 1, S, H, D), posenc::view(pos));
+    r.apply(posenc::bshd<const double>(x.data(), 1, S, H, D), posenc::bshd(z.data(), 1, S, H, D), posenc::view(pos));
+    r_explicit.apply(posenc::bshd(w.data(), 1, S, H, D), posenc::view(pos));
+    CHECK(y == z);
+    CHECK(y == w);
+    std::vector<double> inv;
+    for (index i = 0; i < rot / 2; ++i) inv.push_back(theta(10000.0, i, rot));  // theta over rotary_dim
+    for (index s = 0; s < S; ++s)
+      for (index h = 0; h < H; ++h) {
+        const index o = (s * H + h) * D;
+        std::vector<double> xt(x.begin() + o, x.begin() + o + D), yt(y.begin() + o, y.begin() + o + D);
+        const auto want = rotate_formula(xt, 17.0 + s, inv, layout == posenc::rope_layout::interleaved, rot);
+        CHECK(max_abs_diff(yt, want) <= 1e-13);
+        for (index j = rot; j < D; ++j) CHECK(yt[j] == xt[j]);  // bit-identical tail
+      }
+  }
+}
+
+TEST_CASE("rope: invalid configurations throw posenc::error", "[rope][errors]") {
+  auto bad = [](posenc::rope_config c) { CHECK_THROWS_AS(posenc::rope(c), posenc::error); };
+  {
+    posenc::rope_config c = base_config(64);
+    c.rotary_dim = 63;  // odd
+    CHECK_THROWS_WITH(posenc::rope(c), Catch::Contains("rotary_dim") && Catch::Contains("even"));
+  }
+  {
+    posenc::rope_config c = base_config(10);
+    c.partial_rotary_factor = 0.5;  // int(10 * 0.5) = 5: odd
+    bad(c);
+  }
+  bad(base_config(0));
+  {
+    posenc::rope_config c = base_config(64);
+    c.partial_rotary_factor = 1.5;
+    bad(c);
+    c.partial_rotary_factor = 1;
+    c.rotary_dim = 66;
+    bad(c);
+    c.rotary_dim.reset();
+    c.rope_theta = -1;
+    bad(c);
+  }
+  {
+    posenc::rope_config c = base_config(64);
+    c.scaling = {.rope_type = posenc::rope_type::linear, .factor = 0.0};
+    CHECK_THROWS_WITH(posenc::rope(c), Catch::Contains("factor"));
+    c.scaling.factor.reset();
+    bad(c);
+    c.scaling = {.rope_type = posenc::rope_type::dynamic, .factor = 2};  // no max_position_embeddings
+    bad(c);
+    c.scaling = {.rope_type = posenc::rope_type::llama3, .factor = 8, .original_max_position_embeddings = 8192,
+                 .low_freq_factor = 4, .high_freq_factor = 1};
+    bad(c);
+    c.scaling = {.rope_type = posenc::rope_type::yarn, .factor = 4};  // no original / max_position_embeddings
+    bad(c);
+    c.scaling = {.rope_type = posenc::rope_type::longrope, .original_max_position_embeddings = 4096,
+                 .short_factor = std::vector<double>(31, 1.0), .long_factor = std::vector<double>(32, 1.0)};
+    c.max_position_embeddings = 8192;
+    CHECK_THROWS_WITH(posenc::rope(c), Catch::Contains("short_factor") && Catch::Contains("31"));
+    c.scaling.short_factor.push_back(1.0);
+    CHECK_NOTHROW(posenc::rope(c));
+    c.scaling.long_factor[3] = -1;
+    bad(c);
+  }
+  CHECK_THROWS_AS(posenc::rope_type_from_string("ntk"), posenc::error);
+}
+
+TEST_CASE("rope: permuting a checkpoint's q/k rows turns half into interleaved", "[rope][layout]") {
+  // Meta's checkpoints (interleaved) become HF's (half) by permuting the rows of Wq/Wk inside each head:
+  // half index k <-> interleaved index 2k, half index k + d/2 <-> interleaved 2k + 1. So for any x,
+  // interleaved(P x) = P half(x), and scores are unchanged.
+  const index D = 64, S = 6, H = 2;
+  const posenc::rope half(base_config(D, 5e5, posenc::rope_layout::half));
+  const posenc::rope inter(base_config(D, 5e5, posenc::rope_layout::interleaved));
+  auto permute = [&](const std::vector<double>& x) {
+    std::vector<double> y(x.size());
+    for (std::size_t o = 0; o < x.size(); o += D)
+      for (index k = 0; k < D / 2; ++k) {
+        y[o + 2 * k] = x[o + k];
+        y[o + 2 * k + 1] = x[o + k + D / 2];
+      }
+    return y;
+  };
+  const auto x = random_normal(S * H * D, 5);
+  const auto pos = posenc::contiguous_positions(1, S, 1000);
+  std::vector<double> a = x, b = permute(x);
+  half.apply(posenc::bshd(a.data(), 1, S, H, D), posenc::view(pos));
+  inter.apply(posenc::bshd(b.data(), 1, S, H, D), posenc::view(pos));
+  CHECK(max_abs_diff(permute(a), b) <= 1e-15);
+}
+
+TEST_CASE("rope: exact angles stay within 1e-6 in float up to position 2^24", "[rope][precision]") {
+  const index D = 128;
+  const posenc::rope r(base_config(D, 10000.0));
+  posenc::rope_config c32 = base_config(D, 10000.0);
+  c32.angles = posenc::rope_angles::hf_float32;
+  const posenc::rope r32(c32);
+  std::vector<std::int64_t> p = {0, 1, 4095, 65536, 1000000, 8388607, (1 << 24) - 1, 1 << 24};
+  std::mt19937_64 g(6);
+  for (int i = 0; i < 56; ++i) p.push_back(static_cast<std::int64_t>(g() % ((1u << 24) + 1)));
+  const index S = static_cast<index>(p.size());
+  // unit inputs: every pair (1, 0) rotated gives (cos, sin) of the angle
+  std::vector<double> x(static_cast<std::size_t>(S * D));
+  for (index s = 0; s < S; ++s)
+    for (index j = 0; j < D; ++j) x[s * D + j] = j < D / 2 ? 1.0 : 0.0;
+  std::vector<float> xf(x.begin(), x.end()), xh = xf;
+  const posenc::positions_view pv(p.data(), 1, S);
+  r.apply(posenc::bshd(xf.data(), 1, S, 1, D), pv);
+  r32.apply(posenc::bshd(xh.data(), 1, S, 1, D), pv);
+  double worst = 0, worst_hf = 0;
+  for (index s = 0; s < S; ++s)
+    for (index k = 0; k < D / 2; ++k) {
+      const double a = static_cast<double>(p[s]) * theta(10000.0, k, D);  // float64 angle
+      worst = std::max({worst, std::abs(xf[s * D + k] - std::cos(a)), std::abs(xf[s * D + k + D / 2] - std::sin(a))});
+      worst_hf = std::max(worst_hf, std::abs(xh[s * D + k] - std::cos(a)));
+    }
+  INFO("exact " << worst << ", hf_float32 " << worst_hf);
+  CHECK(worst <= 1e-6);
+  CHECK(worst_hf > 1e-2);  // what the float32 angle costs at large positions (documented contrast)
+}
+
+TEST_CASE("rope: table equals no table, both layouts, float and double", "[rope][table]") {
+  for (auto layout : {posenc::rope_layout::half, posenc::rope_layout::interleaved}) {
+    posenc::rope_config c = base_config(96, 1e6, layout);
+    c.scaling = {.rope_type = posenc::rope_type::yarn, .factor = 8, .original_max_position_embeddings = 4096};
+    const posenc::rope r(c);
+    const index B = 2, S = 7, H = 3, D = 96;
+    const auto x = random_normal(B * S * H * D, 7);
+    posenc::positions pos(B, S);
+    for (index b = 0; b < B; ++b)
+      for (index s = 0; s < S; ++s) pos(b, s) = 100 + 37 * s + 5 * b;
+    const auto td = r.table<double>(100, 300);
+    std::vector<double> a = x, bb = x;
+    r.apply(posenc::bshd(a.data(), B, S, H, D), posenc::view(pos), td);
+    r.apply(posenc::bshd(bb.data(), B, S, H, D), posenc::view(pos));
+    CHECK(max_abs_diff(a, bb) <= 1e-13);
+    const auto tf = r.table<float>(100, 300);
+    std::vector<float> fa(x.begin(), x.end()), fb = fa, fo(x.size());
+    r.apply(posenc::bshd(fa.data(), B, S, H, D), posenc::view(pos), tf);
+    r.apply(posenc::bshd(fb.data(), B, S, H, D), posenc::view(pos));
+    r.apply(posenc::bshd<const float>(fb.data(), B, S, H, D), posenc::bshd(fo.data(), B, S, H, D), posenc::view(pos), tf);
+    CHECK(max_abs_diff(to_double(fa), to_double(fb)) <= 1e-6);
+    CHECK(max_abs_diff(to_double(fa), a) <= 2e-6);
+    CHECK(tf.bytes() == 300 * (layout == posenc::rope_layout::half ? 96 : 192) * sizeof(float));
+  }
+}
+
+TEST_CASE("rope: shift(k, delta) equals applying at position + delta", "[rope][shift]") {
+  for (auto layout : {posenc::rope_layout::half, posenc::rope_layout::interleaved}) {
+    posenc::rope_config c = base_config(64, 10000.0, layout);
+    c.scaling = {.rope_type = posenc::rope_type::yarn, .factor = 4, .original_max_position_embeddings = 2048};
+    const posenc::rope r(c);  // attention factor 1.1386: must not be applied twice
+    const index S = 9, H = 2, D = 64;
+    const auto x = random_normal(S * H * D, 8);
+    for (std::int64_t delta : {-300, 0, 5, 4000}) {
+      const auto p0 = posenc::contiguous_positions(1, S, 500);
+      const auto p1 = posenc::contiguous_positions(1, S, 500 + delta);
+      std::vector<double> a = x, b = x;
+      r.apply(posenc::bshd(a.data(), 1, S, H, D), posenc::view(p0));
+      r.shift(posenc::bshd(a.data(), 1, S, H, D), delta);
+      r.apply(posenc::bshd(b.data(), 1, S, H, D), posenc::view(p1));
+      CHECK(max_abs_diff(a, b) <= 1e-12);
+      std::vector<float> fa(x.begin(), x.end()), fb = fa;
+      r.apply(posenc::bshd(fa.data(), 1, S, H, D), posenc::view(p0));
+      r.shift(posenc::bshd(fa.data(), 1, S, H, D), delta);
+      r.apply(posenc::bshd(fb.data(), 1, S, H, D), posenc::view(p1));
+      CHECK(max_abs_diff(to_double(fa), to_double(fb)) <= 3e-6);
+    }
+  }
+}
+
+TEST_CASE("rope: errors leave the outputs untouched", "[rope][errors]") {
+  const posenc::rope r(base_config(32));
+  const index S = 4, H = 2, D = 32;
+  const auto x = random_normal(S * H * D, 9);
+  const auto pos = posenc::contiguous_positions(1, S);
+  std::vector<double> y = x;
+  // wrong head_dim
+  CHECK_THROWS_WITH(r.apply(posenc::bshd(y.data(), 1, S * 2, H, D / 2), posenc::view(pos)), Catch::Contains("head_dim"));
+  CHECK(y == x);
+  // positions of the wrong shape
+  const auto pos_bad = posenc::contiguous_positions(1, S + 1);
+  CHECK_THROWS_WITH(r.apply(posenc::bshd(y.data(), 1, S, H, D), posenc::view(pos_bad)), Catch::Contains("positions"));
+  CHECK(y == x);
+  // a table that misses a position
+  const auto t = r.table<double>(0, S - 1);
+  CHECK_THROWS_WITH(r.apply(posenc::bshd(y.data(), 1, S, H, D), posenc::view(pos), t), Catch::Contains("cover"));
+  CHECK(y == x);
+  // a table of other frequencies
+  const posenc::rope other(base_config(32, 500.0));
+  const auto t_other = other.table<double>(0, S);
+  CHECK_THROWS_WITH(r.apply(posenc::bshd(y.data(), 1, S, H, D), posenc::view(pos), t_other), Catch::Contains("table"));
+  CHECK(y == x);
+  // out of place: out of another shape, or overlapping in
+  std::vector<double> out(x.size(), 3.0);
+  CHECK_THROWS_AS(r.apply(posenc::bshd<const double>(x.data(), 1, S, H, D), posenc::bshd(out.data(), 1, S, 1, D),
+                          posenc::view(pos)),
+                  posenc::error);
+  CHECK(std::all_of(out.begin(), out.end(), [](double v) { return v == 3.0; }));
+  CHECK_THROWS_AS(r.apply(posenc::bshd<const double>(y.data(), 1, S, H, D), posenc::bshd(y.data() + 1, 1, S, H, D),
+                          posenc::view(pos)),
+                  posenc::error);
+  CHECK(y == x);
+  // apply_qk checks both before rotating either
+  std::vector<double> q = x, k = x;
+  CHECK_THROWS_AS(r.apply_qk(posenc::bshd(q.data(), 1, S, H, D), posenc::bshd(k.data(), 1, S / 2, H, D), posenc::view(pos)),
+                  posenc::error);
+  CHECK(q == x);
+}
+
+TEST_CASE("rope: kernel hooks — transform_qk and bind agree with apply", "[rope][hooks]") {
+  static_assert(posenc::has_qk_transform<posenc::rope, float> && posenc::has_qk_transform<posenc::rope, double>);
+  static_assert(posenc::has_bind<posenc::rope> && posenc::attention_encoding<posenc::rope>);
+  static_assert(posenc::has_qk_transform<posenc::rope_frequencies, float>);
+  for (auto layout : {posenc::rope_layout::half, posenc::rope_layout::interleaved}) {
+    posenc::rope_config c = base_config(64, 10000.0, layout);
+    c.max_position_embeddings = 64;
+    c.scaling = {.rope_type = posenc::rope_type::dynamic, .factor = 2};
+    const posenc::rope r(c);
+    const index B = 1, S = 100, H = 3, D = 64;
+    const auto x = random_normal(B * S * H * D, 10);
+    const auto pos = posenc::contiguous_positions(B, S);  // L = 100 > 64: scaled
+    std::vector<double> want = x;
+    r.apply(posenc::bshd(want.data(), B, S, H, D), posenc::view(pos));
+
+    posenc::call_info info;
+    info.batch = B;
+    info.heads = info.kv_heads = H;
+    info.q_len = info.k_len = S;
+    info.head_dim = info.value_dim = D;
+    info.q_positions = info.k_positions = posenc::view(pos);
+    info.q_min = info.k_min = 0;
+    info.q_max = info.k_max = S - 1;
+    const posenc::rope_frequencies bound = r.bind(info);
+    CHECK(bound.seq_len() == S);
+    std::vector<double> got = x;
+    std::vector<float> gotf(x.begin(), x.end());
+    const auto view = posenc::bshd(got.data(), B, S, H, D);
+    const auto viewf = posenc::bshd(gotf.data(), B, S, H, D);
+    for (index h = 0; h < H; ++h) {
+      const std::span<const std::int64_t> p(pos.data(), static_cast<std::size_t>(S));
+      bound.transform_qk(posenc::qk_role::query, h, p, view.matrix(0, h));
+      bound.transform_qk(posenc::qk_role::key, h, p, viewf.matrix(0, h));
+    }
+    CHECK(max_abs_diff(got, want) <= 1e-13);  // the call table steps angles by addition (~1e-16 each)
+    CHECK(max_abs_diff(to_double(gotf), want) <= 1e-6);
+
+    // without bind: config seq_len, else unscaled
+    std::vector<double> plain = x;
+    const posenc::rope r_plain(base_config(64, 10000.0, layout));
+    r_plain.apply(posenc::bshd(plain.data(), B, S, H, D), posenc::view(pos));
+    std::vector<double> hooked = x;
+    const auto hv = posenc::bshd(hooked.data(), B, S, H, D);
+    for (index h = 0; h < H; ++h)
+      r.transform_qk(posenc::qk_role::key, h, std::span<const std::int64_t>(pos.data(), S), hv.matrix(0, h));
+    CHECK(hooked == plain);
+  }
+}
+
+#ifdef POSENC_TEST_HAVE_KERNEL
+TEST_CASE("rope: fused attention equals the reference on pre-rotated q and k", "[rope][attention]") {
+  for (auto layout : {posenc::rope_layout::half, posenc::rope_layout::interleaved}) {
+    posenc::rope_config c = base_config(32, 10000.0, layout);
+    c.partial_rotary_factor = 0.5;
+    c.max_position_embeddings = 64;
+    c.scaling = {.rope_type = posenc::rope_type::yarn, .factor = 4, .original_max_position_embeddings = 16};
+    const posenc::rope r(c);
+    const index B = 2, Sq = 9, Sk = 30, H = 4, Hkv = 2, D = 32;
+    const auto q = random_normal(B * Sq * H * D, 11), k = random_normal(B * Sk * Hkv * D, 12),
+               v = random_normal(B * Sk * Hkv * D, 13);
+    const auto qpos = posenc::contiguous_positions(B, Sq, Sk - Sq), kpos = posenc::contiguous_positions(B, Sk);
+    posenc::attention_options opt;
+    opt.causal = true;
+    opt.q_positions = posenc::view(qpos);
+    opt.k_positions = posenc::view(kpos);
+    std::vector<double> qr = q, kr = k, want(B * Sq * H * D), got(want.size(), -1.0);
+    r.apply(posenc::bshd(qr.data(), B, Sq, H, D), posenc::view(qpos));
+    r.apply(posenc::bshd(kr.data(), B, Sk, Hkv, D), posenc::view(kpos));
+    posenc::reference_attention<double>(posenc::bshd<const double>(qr.data(), B, Sq, H, D),
+                                        posenc::bshd<const double>(kr.data(), B, Sk, Hkv, D),
+                                        posenc::bshd<const double>(v.data(), B, Sk, Hkv, D),
+                                        posenc::bshd(want.data(), B, Sq, H, D), opt);
+    posenc::attention(posenc::bshd<const double>(q.data(), B, Sq, H, D),
+                      posenc::bshd<const double>(k.data(), B, Sk, Hkv, D),
+                      posenc::bshd<const double>(v.data(), B, Sk, Hkv, D), posenc::bshd(got.data(), B, Sq, H, D), r,
+                      opt);
+    CHECK(max_abs_diff(got, want) <= 1e-12);
+  }
+}
+#endif
+
+}  // namespace
