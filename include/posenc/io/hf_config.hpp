@@ -1,0 +1,390 @@
+// posenc/io/hf_config.hpp — positional encodings from a Hugging Face `config.json`.
+//
+// One reader function per family turns the config's keys into that family's plain config struct:
+//   rope_config_from_hf     RoPE: rope_theta, rope_scaling / rope_parameters (rope_type or legacy
+//                           `type`), partial_rotary_factor, head_dim (or hidden_size /
+//                           num_attention_heads), max_position_embeddings
+//   alibi_config_from_hf    ALiBi: BLOOM (n_head), Falcon (`alibi: true`), MPT (attn_config.alibi,
+//                           attn_config.alibi_bias_max)
+//   t5_config_from_hf       T5: relative_attention_num_buckets, relative_attention_max_distance,
+//                           is_decoder
+//   learned_spec_from_hf    learned absolute: max_position_embeddings, width, row offset (OPT/BART 2)
+// and `encoding_from_hf` picks the family from model_type and the keys present, through the table
+// `hf_families()`: a new family (Shaw, Transformer-XL, DeBERTa, TUPE) is one reader function plus one
+// row of that table, and one alternative of hf_encoding::config.
+//
+// Key names, aliases and defaults follow transformers' configuration classes (the attribute_map of
+// BloomConfig / FalconConfig / MptConfig / GPT2Config) and modeling_rope_utils.py. Missing or
+// ill-typed keys raise posenc::error naming the key.
+//
+//   auto cfg = posenc::io::read_json("Llama-3.1-8B/config.json");
+//   posenc::rope rope(posenc::io::rope_config_from_hf(cfg));
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "posenc/alibi.hpp"
+#include "posenc/error.hpp"
+#include "posenc/learned.hpp"
+#include "posenc/rope.hpp"
+#include "posenc/t5.hpp"
+
+namespace posenc::io {
+
+/// Read a JSON file (config.json); posenc::error naming the path when it cannot be read or parsed.
+[[nodiscard]] inline nlohmann::json read_json(const std::filesystem::path& path) {
+  std::ifstream f(path);
+  require(static_cast<bool>(f), "config", "cannot open file", path.string());
+  try {
+    return nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    throw error("posenc: config " + path.string() + ": not valid JSON: " + e.what());
+  }
+}
+
+namespace detail {
+
+using json = nlohmann::json;
+
+/// The first of `keys` that is present and not null (HF's attribute_map aliases), or null.
+[[nodiscard]] inline const json* find_key(const json& cfg, std::initializer_list<std::string_view> keys) {
+  if (!cfg.is_object()) return nullptr;
+  for (auto k : keys) {
+    auto it = cfg.find(std::string(k));
+    if (it != cfg.end() && !it->is_null()) return &*it;
+  }
+  return nullptr;
+}
+
+template <class V>
+[[nodiscard]] V as(const json& v, std::string_view key) {
+  const bool ok = std::is_same_v<V, bool>          ? v.is_boolean()
+                  : std::is_same_v<V, std::string> ? v.is_string()
+                  : std::is_integral_v<V>          ? (v.is_number_integer() ||
+                                             (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()))
+                                                   : v.is_number();
+  require(ok, key, "has the wrong JSON type", v.dump());
+  if constexpr (std::is_integral_v<V> && !std::is_same_v<V, bool>) {
+    if (v.is_number_float()) return static_cast<V>(v.get<double>());
+  }
+  return v.get<V>();
+}
+
+/// Optional key (first present alias).
+template <class V>
+[[nodiscard]] std::optional<V> get(const json& cfg, std::initializer_list<std::string_view> keys) {
+  const json* v = find_key(cfg, keys);
+  if (!v) return std::nullopt;
+  return as<V>(*v, *keys.begin());
+}
+
+/// Required key (first present alias); the error lists every alias.
+template <class V>
+[[nodiscard]] V need(const json& cfg, std::initializer_list<std::string_view> keys, std::string_view family) {
+  const json* v = find_key(cfg, keys);
+  if (!v) {
+    std::string names;
+    for (auto k : keys) names += (names.empty() ? "" : " or ") + std::string(k);
+    throw error(posenc::detail::concat("posenc: config: ", family, " needs ", names));
+  }
+  return as<V>(*v, *keys.begin());
+}
+
+[[nodiscard]] inline std::string model_type(const json& cfg) {
+  return get<std::string>(cfg, {"model_type"}).value_or("");
+}
+
+[[nodiscard]] inline bool one_of(std::string_view s, std::initializer_list<std::string_view> set) {
+  return std::find(set.begin(), set.end(), s) != set.end();
+}
+
+/// The rope block: rope_parameters (transformers >= 4.56 / v5) or rope_scaling; null when absent.
+[[nodiscard]] inline const json* rope_block(const json& cfg) {
+  const json* b = find_key(cfg, {"rope_parameters", "rope_scaling"});
+  if (b) require(b->is_object(), "rope_scaling", "must be an object or null", b->dump());
+  return b;
+}
+
+}  // namespace detail
+
+/// The rope types this reader accepts (HF names; "su" is longrope's old name).
+inline constexpr std::string_view supported_rope_types = "default, linear, dynamic, yarn, longrope (su), llama3";
+
+/// A `rope_scaling` / `rope_parameters` object -> rope_scaling. The type is `rope_type`, else the
+/// legacy `type`, else "default". An unknown type is an error listing the supported ones.
+[[nodiscard]] inline rope_scaling rope_scaling_from_hf(const nlohmann::json& block) {
+  using detail::get;
+  rope_scaling s;
+  if (block.is_null()) return s;
+  require(block.is_object(), "rope_scaling", "must be an object or null", block.dump());
+  const std::string type = get<std::string>(block, {"rope_type", "type"}).value_or("default");
+  if (type == "default")
+    s.rope_type = rope_type::default_;
+  else if (type == "linear")
+    s.rope_type = rope_type::linear;
+  else if (type == "dynamic")
+    s.rope_type = rope_type::dynamic;
+  else if (type == "yarn")
+    s.rope_type = rope_type::yarn;
+  else if (type == "longrope" || type == "su")
+    s.rope_type = rope_type::longrope;
+  else if (type == "llama3")
+    s.rope_type = rope_type::llama3;
+  else
+    throw error(posenc::detail::concat("posenc: rope_scaling.rope_type: unsupported type '", type,
+                                       "' (supported: ", supported_rope_types, ")"));
+  s.factor = get<double>(block, {"factor"});
+  s.original_max_position_embeddings = get<std::int64_t>(block, {"original_max_position_embeddings"});
+  s.attention_factor = get<double>(block, {"attention_factor"});
+  s.beta_fast = get<double>(block, {"beta_fast"});
+  s.beta_slow = get<double>(block, {"beta_slow"});
+  s.mscale = get<double>(block, {"mscale"});
+  s.mscale_all_dim = get<double>(block, {"mscale_all_dim"});
+  s.truncate = get<bool>(block, {"truncate"}).value_or(true);
+  s.low_freq_factor = get<double>(block, {"low_freq_factor"});
+  s.high_freq_factor = get<double>(block, {"high_freq_factor"});
+  for (auto [key, out] : {std::pair{"short_factor", &s.short_factor}, std::pair{"long_factor", &s.long_factor}}) {
+    const detail::json* v = detail::find_key(block, {key});
+    if (!v) continue;
+    require(v->is_array(), std::string("rope_scaling.") + key, "must be a list of numbers", v->dump().substr(0, 80));
+    for (const auto& x : *v) out->push_back(detail::as<double>(x, std::string("rope_scaling.") + key));
+  }
+  return s;
+}
+
+/// RoPE from a config: theta (rope_theta / rotary_emb_base, or inside the rope block), the scaling
+/// block, rotary fraction (partial_rotary_factor / rotary_pct, or an explicit rotary_dim as GPT-J),
+/// head_dim (head_dim, DeepSeek's qk_rope_head_dim, else hidden_size / num_attention_heads),
+/// max_position_embeddings (n_positions), and the pair layout: interleaved for GPT-J / CodeGen
+/// (rotate_every_two), half (rotate_half) otherwise.
+[[nodiscard]] inline rope_config rope_config_from_hf(const nlohmann::json& cfg) {
+  using detail::get;
+  require(cfg.is_object(), "config", "must be a JSON object");
+  const detail::json* block = detail::rope_block(cfg);
+  const detail::json none;
+  const detail::json& b = block ? *block : none;
+  const std::string mt = detail::model_type(cfg);
+
+  rope_config r;
+  r.scaling = rope_scaling_from_hf(b);
+  // A rope_theta / partial_rotary_factor inside the block overrides the top-level one (rope_parameters).
+  r.rope_theta =
+      get<double>(b, {"rope_theta"}).value_or(get<double>(cfg, {"rope_theta", "rotary_emb_base"}).value_or(10000.0));
+  if (auto f = get<double>(b, {"partial_rotary_factor"}); f)
+    r.partial_rotary_factor = *f;
+  else
+    r.partial_rotary_factor = get<double>(cfg, {"partial_rotary_factor", "rotary_pct"}).value_or(1.0);
+
+  if (auto h = get<index>(cfg, {"qk_rope_head_dim"}); h && detail::one_of(mt, {"deepseek_v2", "deepseek_v3"})) {
+    r.head_dim = *h;  // MLA: only the decoupled rope part of each head rotates
+  } else if (auto h2 = get<index>(cfg, {"head_dim"}); h2) {
+    r.head_dim = *h2;
+  } else {
+    const auto hidden = detail::need<index>(cfg, {"hidden_size", "n_embd", "d_model"},
+                                            "rope (head_dim, or hidden_size / num_attention_heads)");
+    const auto heads = detail::need<index>(cfg, {"num_attention_heads", "n_head", "n_heads"},
+                                           "rope (head_dim, or hidden_size / num_attention_heads)");
+    require(heads > 0 && hidden % heads == 0, "hidden_size", "must be a multiple of num_attention_heads", hidden, " / ",
+            heads);
+    r.head_dim = hidden / heads;
+  }
+  if (auto rd = get<index>(cfg, {"rotary_dim"}); rd && detail::one_of(mt, {"gptj", "codegen"})) r.rotary_dim = *rd;
+  r.layout = detail::one_of(mt, {"gptj", "codegen"}) ? rope_layout::interleaved : rope_layout::half;
+  r.max_position_embeddings = get<std::int64_t>(cfg, {"max_position_embeddings", "n_positions"});
+
+  // Phi-3 keeps original_max_position_embeddings at the top level; HF's longrope then derives the
+  // factor as max_position_embeddings / original (modeling_rope_utils _compute_longrope_parameters).
+  if (!r.scaling.original_max_position_embeddings) {
+    if (auto orig = get<std::int64_t>(cfg, {"original_max_position_embeddings"}); orig) {
+      r.scaling.original_max_position_embeddings = orig;
+      if (r.scaling.rope_type == rope_type::longrope) r.scaling.factor.reset();
+    }
+  }
+  return r;
+}
+
+/// ALiBi heads and max_bias: BLOOM (n_head), Falcon (num_attention_heads / n_head), MPT (n_heads,
+/// attn_config.alibi_bias_max, default 8). The form is the paper's causal one, -m (q - k): BLOOM's
+/// +m k differs from it by a per-row constant, which the causal softmax of these decoders cancels.
+[[nodiscard]] inline alibi_config alibi_config_from_hf(const nlohmann::json& cfg) {
+  using detail::get;
+  require(cfg.is_object(), "config", "must be a JSON object");
+  alibi_config a;
+  a.heads = detail::need<index>(cfg, {"num_attention_heads", "n_head", "n_heads"}, "alibi");
+  a.max_bias = 8.0;
+  if (const detail::json* attn = detail::find_key(cfg, {"attn_config"}); attn && attn->is_object())
+    a.max_bias = get<double>(*attn, {"alibi_bias_max"}).value_or(8.0);
+  a.form = alibi_form::causal;
+  return a;
+}
+
+/// T5 buckets. `decoder` selects the stack (a T5 config.json describes both; the decoder's
+/// self-attention uses unidirectional buckets); unset = the config's is_decoder (default false).
+[[nodiscard]] inline t5_config t5_config_from_hf(const nlohmann::json& cfg,
+                                                 std::optional<bool> decoder = std::nullopt) {
+  using detail::get;
+  require(cfg.is_object(), "config", "must be a JSON object");
+  t5_config t;
+  t.num_buckets = get<index>(cfg, {"relative_attention_num_buckets"}).value_or(32);
+  t.max_distance = get<index>(cfg, {"relative_attention_max_distance"}).value_or(128);
+  t.is_decoder = decoder ? *decoder : get<bool>(cfg, {"is_decoder"}).value_or(false);
+  return t;
+}
+
+/// What a learned absolute table needs: its rows, its width and the row of position 0.
+struct learned_spec {
+  index max_positions = 0;  ///< rows of the embedding table
+  index d_model = 0;        ///< its width
+  learned_options options{};
+};
+
+/// Learned absolute positions: GPT-2 (n_positions, n_embd), BERT / RoBERTa / OPT / BART
+/// (max_position_embeddings, hidden_size / d_model), MPT without ALiBi
+/// (max_seq_len, d_model). OPT and BART look position p up at row p + 2 and size their table
+/// max_position_embeddings + 2 (OPTLearnedPositionalEmbedding, BartLearnedPositionalEmbedding);
+/// RoBERTa-style models start real tokens at padding_idx + 1 within max_position_embeddings rows.
+[[nodiscard]] inline learned_spec learned_spec_from_hf(const nlohmann::json& cfg) {
+  using detail::get;
+  require(cfg.is_object(), "config", "must be a JSON object");
+  const std::string mt = detail::model_type(cfg);
+  learned_spec s;
+  const index n =
+      detail::need<index>(cfg, {"max_position_embeddings", "n_positions", "max_seq_len"}, "learned positions");
+  s.d_model = detail::need<index>(cfg, {"hidden_size", "n_embd", "d_model"}, "learned positions");
+  s.max_positions = n;
+  if (detail::one_of(mt, {"opt", "bart", "mbart", "blenderbot", "blenderbot-small", "marian"})) {
+    s.options.offset = 2;
+    s.max_positions = n + 2;
+  } else if (detail::one_of(mt, {"roberta", "xlm-roberta", "camembert", "longformer", "xlm-roberta-xl"})) {
+    s.options.offset = get<std::int64_t>(cfg, {"pad_token_id"}).value_or(1) + 1;
+  }
+  require(s.max_positions > 0 && s.d_model > 0, "config", "learned table must have rows and columns", s.max_positions,
+          " x ", s.d_model);
+  return s;
+}
+
+/// A learned_absolute viewing `weight` (the checkpoint's position-embedding matrix), checked against
+/// the config.
+template <class W>
+[[nodiscard]] learned_absolute<W> learned_from_hf(const nlohmann::json& cfg, tensor_map<const W, 2> weight) {
+  const learned_spec s = learned_spec_from_hf(cfg);
+  require(weight.dimension(0) == s.max_positions && weight.dimension(1) == s.d_model, "weight",
+          "must be [max_positions, d_model] as the config says", "[", weight.dimension(0), ", ", weight.dimension(1),
+          "] vs [", s.max_positions, ", ", s.d_model, "]");
+  return learned_absolute<W>(weight, s.options);
+}
+
+/// A t5_relative_bias viewing the checkpoint's relative_attention_bias weight [num_buckets, heads].
+template <class W>
+[[nodiscard]] t5_relative_bias<W> t5_from_hf(const nlohmann::json& cfg, tensor_map<const W, 2> weight,
+                                             std::optional<bool> decoder = std::nullopt) {
+  const t5_config t = t5_config_from_hf(cfg, decoder);
+  require(weight.dimension(0) == t.num_buckets, "weight", "rows must equal relative_attention_num_buckets",
+          weight.dimension(0), " vs ", t.num_buckets);
+  if (auto h = detail::get<index>(cfg, {"num_heads"}); h)
+    require(weight.dimension(1) == *h, "weight", "columns must equal num_heads", weight.dimension(1), " vs ", *h);
+  return t5_relative_bias<W>(weight, t);
+}
+
+// ---- family dispatch -----------------------------------------------------------------------------
+
+/// Which family a config uses, with that family's config.
+struct hf_encoding {
+  std::string family;  ///< "rope", "alibi", "t5", "learned"
+  std::string model_type;
+  std::variant<rope_config, alibi_config, t5_config, learned_spec> config;
+};
+
+/// One row per family, tried in order: `matches` looks at model_type and keys, `read` builds it.
+struct hf_family {
+  std::string_view name;
+  bool (*matches)(const nlohmann::json& cfg);
+  hf_encoding (*read)(const nlohmann::json& cfg);
+};
+
+namespace detail {
+
+inline bool is_t5(const json& c) {
+  return one_of(model_type(c), {"t5", "mt5", "umt5", "longt5", "switch_transformers"}) ||
+         find_key(c, {"relative_attention_num_buckets"}) != nullptr;
+}
+inline bool is_alibi(const json& c) {
+  const std::string mt = model_type(c);
+  if (mt == "bloom") return true;
+  if (mt == "mpt") {  // HF MptAttentionConfig defaults alibi to true
+    const json* a = find_key(c, {"attn_config"});
+    return !(a && a->is_object()) || get<bool>(*a, {"alibi"}).value_or(true);
+  }
+  return get<bool>(c, {"alibi"}).value_or(false);  // Falcon / RefinedWeb: `alibi: true`
+}
+inline bool is_rope(const json& c) {
+  return find_key(c, {"rope_theta", "rope_scaling", "rope_parameters", "rotary_emb_base", "rotary_pct",
+                      "partial_rotary_factor", "rotary_dim", "qk_rope_head_dim"}) != nullptr ||
+         one_of(model_type(c),
+                {"llama",   "mistral",     "mixtral",     "qwen2",     "qwen2_moe",   "qwen3",    "qwen3_moe",
+                 "phi",     "phi3",        "gemma",       "gemma2",    "gemma3_text", "gpt_neox", "gptj",
+                 "codegen", "falcon",      "gpt_oss",     "olmo",      "olmo2",       "stablelm", "starcoder2",
+                 "cohere",  "deepseek_v2", "deepseek_v3", "internlm2", "granite",     "persimmon"});
+}
+inline bool is_learned(const json& c) {
+  const std::string mt = model_type(c);
+  if (mt == "mpt") return true;  // reached only when ALiBi is off: learned_pos_emb
+  return one_of(mt, {"gpt2", "gpt_neo", "opt", "bart", "mbart", "blenderbot", "blenderbot-small", "marian", "bert",
+                     "roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "distilbert", "electra", "longformer",
+                     "biogpt", "gpt_bigcode"});
+}
+
+}  // namespace detail
+
+/// The family table. Order matters: Falcon has rope keys in its config even when it uses ALiBi.
+[[nodiscard]] inline std::span<const hf_family> hf_families() {
+  static const hf_family table[] = {
+      {"t5", detail::is_t5,
+       [](const nlohmann::json& c) {
+         return hf_encoding{"t5", detail::model_type(c), t5_config_from_hf(c)};
+       }},
+      {"alibi", detail::is_alibi,
+       [](const nlohmann::json& c) {
+         return hf_encoding{"alibi", detail::model_type(c), alibi_config_from_hf(c)};
+       }},
+      {"rope", detail::is_rope,
+       [](const nlohmann::json& c) {
+         return hf_encoding{"rope", detail::model_type(c), rope_config_from_hf(c)};
+       }},
+      {"learned", detail::is_learned,
+       [](const nlohmann::json& c) {
+         return hf_encoding{"learned", detail::model_type(c), learned_spec_from_hf(c)};
+       }},
+  };
+  return table;
+}
+
+/// Detect the family of a config.json and read it; posenc::error when no family matches.
+[[nodiscard]] inline hf_encoding encoding_from_hf(const nlohmann::json& cfg) {
+  require(cfg.is_object(), "config", "must be a JSON object");
+  for (const hf_family& f : hf_families())
+    if (f.matches(cfg)) return f.read(cfg);
+  std::string names;
+  for (const hf_family& f : hf_families()) names += (names.empty() ? "" : ", ") + std::string(f.name);
+  throw error("posenc: config: cannot tell the positional encoding of model_type '" + detail::model_type(cfg) +
+              "' (families read: " + names + ")");
+}
+
+/// Same, reading the file first.
+[[nodiscard]] inline hf_encoding encoding_from_hf_file(const std::filesystem::path& config_json) {
+  return encoding_from_hf(read_json(config_json));
+}
+
+}  // namespace posenc::io

@@ -1,0 +1,523 @@
+// posenc/io/safetensors.hpp — read and write the safetensors format (Hugging Face weights, the golden
+// reference vectors, posenc-run's outputs).
+//
+// Layout (https://github.com/huggingface/safetensors, "Format" section of its README):
+//   bytes [0, 8)      N, the header length, unsigned 64-bit little-endian
+//   bytes [8, 8+N)    a UTF-8 JSON object: name -> {"dtype", "shape", "data_offsets": [begin, end]},
+//                     plus an optional "__metadata__" object of string -> string
+//   bytes [8+N, end)  the data buffer; offsets are relative to its start, payloads are row-major
+//                     little-endian.
+//
+// The reader validates everything before it hands out a byte (a file from the internet is untrusted
+// input): N <= 100 MB and within the file, a JSON object, per tensor a known dtype, a shape of
+// non-negative integers, offsets inside the data buffer with end - begin == numel x dtype size, and no
+// two tensors overlapping. Every violation is a posenc::error naming the file, the tensor and the rule.
+// Payload offsets need not be aligned (an odd F32 tensor shifts the next one by 4 bytes), so values
+// are copied out with memcpy and never read through a cast pointer.
+//
+// Dtypes: F64, F32, F16, BF16 (read as float or double; half types through Eigen::half /
+// Eigen::bfloat16), I64, I32 (read as int64 or int32, range-checked). The writer produces the
+// canonical form: names sorted, payloads packed back to back in that order, header right-padded with
+// spaces to a multiple of 8 bytes.
+#pragma once
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <unsupported/Eigen/CXX11/Tensor>
+#include <utility>
+#include <vector>
+
+#include "posenc/error.hpp"
+
+namespace posenc::io {
+
+static_assert(std::endian::native == std::endian::little,
+              "posenc/io/safetensors.hpp copies little-endian payloads directly; big-endian hosts are not supported");
+
+/// Element types of the format this library reads and writes.
+enum class dtype { f64, f32, f16, bf16, i64, i32 };
+
+/// The format's name of a dtype ("F64", ...).
+[[nodiscard]] inline std::string_view dtype_name(dtype t) {
+  switch (t) {
+    case dtype::f64:
+      return "F64";
+    case dtype::f32:
+      return "F32";
+    case dtype::f16:
+      return "F16";
+    case dtype::bf16:
+      return "BF16";
+    case dtype::i64:
+      return "I64";
+    case dtype::i32:
+      return "I32";
+  }
+  return "?";
+}
+
+/// Bytes per element.
+[[nodiscard]] inline std::size_t dtype_size(dtype t) {
+  switch (t) {
+    case dtype::f64:
+    case dtype::i64:
+      return 8;
+    case dtype::f32:
+    case dtype::i32:
+      return 4;
+    case dtype::f16:
+    case dtype::bf16:
+      return 2;
+  }
+  return 0;
+}
+
+[[nodiscard]] inline bool is_floating(dtype t) {
+  return t == dtype::f64 || t == dtype::f32 || t == dtype::f16 || t == dtype::bf16;
+}
+
+/// The dtype a C++ element type is stored as (double, float, Eigen::half, Eigen::bfloat16, int64, int32).
+template <class T>
+[[nodiscard]] constexpr dtype dtype_of() {
+  if constexpr (std::is_same_v<T, double>)
+    return dtype::f64;
+  else if constexpr (std::is_same_v<T, float>)
+    return dtype::f32;
+  else if constexpr (std::is_same_v<T, Eigen::half>)
+    return dtype::f16;
+  else if constexpr (std::is_same_v<T, Eigen::bfloat16>)
+    return dtype::bf16;
+  else if constexpr (std::is_same_v<T, std::int64_t>)
+    return dtype::i64;
+  else if constexpr (std::is_same_v<T, std::int32_t>)
+    return dtype::i32;
+  else
+    static_assert(sizeof(T) == 0, "posenc::io: unsupported element type");
+}
+
+namespace detail {
+
+/// 100 MB: the limit the reference implementation puts on the header, so a corrupt length cannot make
+/// the reader allocate gigabytes.
+inline constexpr std::uint64_t max_header_bytes = 100'000'000;
+
+[[noreturn]] inline void fail(const std::string& source, const std::string& what) {
+  throw error("posenc: safetensors " + source + ": " + what);
+}
+
+[[nodiscard]] inline bool parse_dtype(std::string_view s, dtype& out) {
+  static constexpr std::pair<std::string_view, dtype> names[] = {{"F64", dtype::f64}, {"F32", dtype::f32},
+                                                                 {"F16", dtype::f16}, {"BF16", dtype::bf16},
+                                                                 {"I64", dtype::i64}, {"I32", dtype::i32}};
+  for (const auto& [n, t] : names)
+    if (s == n) {
+      out = t;
+      return true;
+    }
+  return false;
+}
+
+/// Read one element of type `from` at `p` (unaligned) as T. Float <-> integer conversions are refused
+/// by the caller; here only widening/narrowing within a family happens.
+template <class T>
+[[nodiscard]] T load_as(dtype from, const unsigned char* p) {
+  switch (from) {
+    case dtype::f64: {
+      double x;
+      std::memcpy(&x, p, 8);
+      return static_cast<T>(x);
+    }
+    case dtype::f32: {
+      float x;
+      std::memcpy(&x, p, 4);
+      return static_cast<T>(x);
+    }
+    case dtype::f16: {
+      std::uint16_t bits;
+      std::memcpy(&bits, p, 2);
+      return static_cast<T>(static_cast<float>(Eigen::numext::bit_cast<Eigen::half>(bits)));
+    }
+    case dtype::bf16: {
+      std::uint16_t bits;
+      std::memcpy(&bits, p, 2);
+      return static_cast<T>(static_cast<float>(Eigen::numext::bit_cast<Eigen::bfloat16>(bits)));
+    }
+    case dtype::i64: {
+      std::int64_t x;
+      std::memcpy(&x, p, 8);
+      return static_cast<T>(x);
+    }
+    case dtype::i32: {
+      std::int32_t x;
+      std::memcpy(&x, p, 4);
+      return static_cast<T>(x);
+    }
+  }
+  return T{};
+}
+
+}  // namespace detail
+
+/// One tensor's header entry.
+struct tensor_info {
+  std::string name;
+  io::dtype dtype = io::dtype::f64;
+  std::vector<std::int64_t> shape;   ///< row-major; [] = a scalar (one element)
+  std::uint64_t begin = 0, end = 0;  ///< byte offsets into the data buffer
+
+  [[nodiscard]] std::int64_t numel() const {
+    std::int64_t n = 1;
+    for (auto s : shape) n *= s;
+    return n;
+  }
+  [[nodiscard]] int rank() const { return static_cast<int>(shape.size()); }
+};
+
+/// A parsed and validated safetensors file, held in memory.
+class safetensors_file {
+ public:
+  /// Read and validate a file (the whole file is read into memory).
+  [[nodiscard]] static safetensors_file read(const std::filesystem::path& path) {
+    std::ifstream f(path, std::ios::binary);
+    require(static_cast<bool>(f), "safetensors", "cannot open file", path.string());
+    f.seekg(0, std::ios::end);
+    const auto size = static_cast<std::streamoff>(f.tellg());
+    f.seekg(0, std::ios::beg);
+    std::vector<unsigned char> bytes(static_cast<std::size_t>(size));
+    if (size > 0) f.read(reinterpret_cast<char*>(bytes.data()), size);
+    require(static_cast<bool>(f), "safetensors", "read error", path.string());
+    return parse(std::move(bytes), path.string());
+  }
+
+  /// Validate an in-memory file image. `source` names it in error messages.
+  [[nodiscard]] static safetensors_file parse(std::vector<unsigned char> bytes, std::string source = "<memory>") {
+    safetensors_file out;
+    out.source_ = std::move(source);
+    out.bytes_ = std::move(bytes);
+    out.validate();
+    return out;
+  }
+
+  [[nodiscard]] const std::string& source() const { return source_; }
+  [[nodiscard]] bool contains(const std::string& name) const { return index_.count(name) != 0; }
+  /// Tensor names, sorted.
+  [[nodiscard]] std::vector<std::string> names() const {
+    std::vector<std::string> n;
+    n.reserve(index_.size());
+    for (const auto& [k, v] : index_) n.push_back(k);
+    return n;
+  }
+  [[nodiscard]] std::size_t size() const { return index_.size(); }
+  /// The `__metadata__` entries (empty when absent).
+  [[nodiscard]] const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+  [[nodiscard]] const tensor_info& info(const std::string& name) const {
+    auto it = index_.find(name);
+    if (it == index_.end()) detail::fail(source_, "no tensor '" + name + "'");
+    return it->second;
+  }
+  [[nodiscard]] std::vector<std::int64_t> shape(const std::string& name) const { return info(name).shape; }
+
+  /// The raw little-endian payload (unaligned; copy with memcpy).
+  [[nodiscard]] std::span<const unsigned char> bytes(const std::string& name) const {
+    const auto& t = info(name);
+    return {bytes_.data() + data_start_ + t.begin, static_cast<std::size_t>(t.end - t.begin)};
+  }
+
+  /// The values as T, row-major. T = double or float accepts every float dtype (F16/BF16 are widened
+  /// exactly, F64 -> float rounds); T = int64_t or int32_t accepts I64 and I32 (narrowing is
+  /// range-checked). Integer <-> float is refused: it is almost always a wrong tensor name.
+  template <class T>
+  [[nodiscard]] std::vector<T> values(const std::string& name) const {
+    const auto& t = info(name);
+    check_convertible<T>(t);
+    const std::size_t n = static_cast<std::size_t>(t.numel()), w = dtype_size(t.dtype);
+    std::vector<T> v(n);
+    const unsigned char* p = bytes_.data() + data_start_ + t.begin;
+    if (t.dtype == dtype_of<T>()) {
+      if (n) std::memcpy(v.data(), p, n * w);
+      return v;
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      if constexpr (std::is_same_v<T, std::int32_t>) {
+        const std::int64_t x = detail::load_as<std::int64_t>(t.dtype, p + i * w);
+        if (x < std::numeric_limits<std::int32_t>::min() || x > std::numeric_limits<std::int32_t>::max())
+          detail::fail(source_, "tensor '" + name + "': element " + std::to_string(i) + " = " + std::to_string(x) +
+                                    " does not fit in int32");
+        v[i] = static_cast<std::int32_t>(x);
+      } else {
+        v[i] = detail::load_as<T>(t.dtype, p + i * w);
+      }
+    }
+    return v;
+  }
+
+  /// The tensor as an owning row-major Eigen tensor of rank R (R must equal the stored rank).
+  template <class T, int R>
+  [[nodiscard]] Eigen::Tensor<T, R, Eigen::RowMajor> tensor(const std::string& name) const {
+    const auto& t = info(name);
+    if (t.rank() != R)
+      detail::fail(source_, "tensor '" + name + "': rank is " + std::to_string(t.rank()) + ", requested rank " +
+                                std::to_string(R));
+    Eigen::array<Eigen::Index, R> dims{};
+    for (int r = 0; r < R; ++r) dims[r] = static_cast<Eigen::Index>(t.shape[static_cast<std::size_t>(r)]);
+    Eigen::Tensor<T, R, Eigen::RowMajor> out(dims);
+    const auto v = values<T>(name);
+    if (!v.empty()) std::memcpy(out.data(), v.data(), v.size() * sizeof(T));
+    return out;
+  }
+
+ private:
+  template <class T>
+  void check_convertible(const tensor_info& t) const {
+    constexpr dtype want = dtype_of<T>();
+    if (is_floating(want) != is_floating(t.dtype) || want == dtype::f16 || want == dtype::bf16) {
+      if (t.dtype == want) return;
+      detail::fail(source_, "tensor '" + t.name + "': stored as " + std::string(dtype_name(t.dtype)) +
+                                ", cannot be read as " + std::string(dtype_name(want)));
+    }
+  }
+
+  void validate() {
+    const std::string& src = source_;
+    if (bytes_.size() < 8)
+      detail::fail(src, "truncated: " + std::to_string(bytes_.size()) + " bytes, the 8-byte header length is missing");
+    std::uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | bytes_[static_cast<std::size_t>(i)];
+    if (n > detail::max_header_bytes)
+      detail::fail(src, "header length " + std::to_string(n) + " exceeds the 100 MB limit");
+    if (n > bytes_.size() - 8)
+      detail::fail(src, "header length " + std::to_string(n) + " extends beyond the file (" +
+                            std::to_string(bytes_.size() - 8) + " bytes after the length)");
+    data_start_ = 8 + static_cast<std::size_t>(n);
+    const std::uint64_t data_size = bytes_.size() - data_start_;
+
+    nlohmann::json header;
+    try {
+      header = nlohmann::json::parse(bytes_.begin() + 8, bytes_.begin() + static_cast<std::ptrdiff_t>(data_start_));
+    } catch (const nlohmann::json::exception& e) {
+      detail::fail(src, std::string("header is not valid JSON: ") + e.what());
+    }
+    if (!header.is_object()) detail::fail(src, std::string("header must be a JSON object, got ") + header.type_name());
+
+    for (const auto& [name, entry] : header.items()) {
+      if (name == "__metadata__") {
+        if (!entry.is_object()) detail::fail(src, "__metadata__ must be an object of strings");
+        for (const auto& [k, v] : entry.items()) {
+          if (!v.is_string()) detail::fail(src, "__metadata__ entry '" + k + "' must be a string");
+          metadata_.emplace(k, v.get<std::string>());
+        }
+        continue;
+      }
+      index_.emplace(name, parse_entry(name, entry, data_size));
+    }
+
+    // No two payloads may share a byte (a crafted file could alias tensors otherwise).
+    std::vector<const tensor_info*> by_offset;
+    for (const auto& [k, t] : index_)
+      if (t.end > t.begin) by_offset.push_back(&t);
+    std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return a->begin < b->begin; });
+    for (std::size_t i = 1; i < by_offset.size(); ++i)
+      if (by_offset[i]->begin < by_offset[i - 1]->end)
+        detail::fail(src, "tensor '" + by_offset[i]->name + "': data_offsets [" + std::to_string(by_offset[i]->begin) +
+                              ", " + std::to_string(by_offset[i]->end) + ") overlap tensor '" + by_offset[i - 1]->name +
+                              "' [" + std::to_string(by_offset[i - 1]->begin) + ", " +
+                              std::to_string(by_offset[i - 1]->end) + ")");
+  }
+
+  tensor_info parse_entry(const std::string& name, const nlohmann::json& e, std::uint64_t data_size) const {
+    const std::string& src = source_;
+    auto bad = [&](const std::string& what) { detail::fail(src, "tensor '" + name + "': " + what); };
+    if (!e.is_object()) bad("entry must be an object");
+    tensor_info t;
+    t.name = name;
+    if (!e.contains("dtype") || !e.at("dtype").is_string()) bad("missing string field 'dtype'");
+    const auto ds = e.at("dtype").get<std::string>();
+    if (!detail::parse_dtype(ds, t.dtype))
+      bad("unsupported dtype '" + ds + "' (supported: F64, F32, F16, BF16, I64, I32)");
+    if (!e.contains("shape") || !e.at("shape").is_array()) bad("missing array field 'shape'");
+    std::uint64_t numel = 1;
+    for (const auto& s : e.at("shape")) {
+      if (!s.is_number_integer() || (s.is_number_integer() && !s.is_number_unsigned() && s.get<std::int64_t>() < 0))
+        bad("shape entries must be non-negative integers, got " + s.dump());
+      const auto d = s.get<std::uint64_t>();
+      if (d > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) ||
+          (d != 0 && numel > std::numeric_limits<std::uint64_t>::max() / 16 / d))
+        bad("shape " + e.at("shape").dump() + " is too large");
+      numel *= d;
+      t.shape.push_back(static_cast<std::int64_t>(d));
+    }
+    if (!e.contains("data_offsets") || !e.at("data_offsets").is_array() || e.at("data_offsets").size() != 2 ||
+        !e.at("data_offsets")[0].is_number_unsigned() || !e.at("data_offsets")[1].is_number_unsigned())
+      bad("data_offsets must be [begin, end] with non-negative integers");
+    t.begin = e.at("data_offsets")[0].get<std::uint64_t>();
+    t.end = e.at("data_offsets")[1].get<std::uint64_t>();
+    if (t.begin > t.end)
+      bad("data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "] have begin > end");
+    if (t.end > data_size)
+      bad("data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) +
+          "] reach beyond the data buffer of " + std::to_string(data_size) + " bytes");
+    const std::uint64_t want = numel * dtype_size(t.dtype);
+    if (t.end - t.begin != want)
+      bad("data_offsets span " + std::to_string(t.end - t.begin) + " bytes but shape " + e.at("shape").dump() + " of " +
+          ds + " needs " + std::to_string(want));
+    return t;
+  }
+
+  std::string source_;
+  std::vector<unsigned char> bytes_;
+  std::size_t data_start_ = 0;
+  std::map<std::string, tensor_info> index_;
+  std::map<std::string, std::string> metadata_;
+};
+
+/// Read and validate a safetensors file.
+[[nodiscard]] inline safetensors_file read_safetensors(const std::filesystem::path& path) {
+  return safetensors_file::read(path);
+}
+
+/// Builds a safetensors file: add tensors in any order, then bytes() or write(path).
+class safetensors_writer {
+ public:
+  /// Add a tensor stored as the dtype of T, from row-major values.
+  template <class T>
+  safetensors_writer& add(const std::string& name, std::vector<std::int64_t> shape, std::span<const T> values) {
+    return add_as<T>(name, dtype_of<T>(), std::move(shape), values);
+  }
+  template <class T>
+  safetensors_writer& add(const std::string& name, std::vector<std::int64_t> shape, const std::vector<T>& values) {
+    return add<T>(name, std::move(shape), std::span<const T>(values));
+  }
+
+  /// Add a tensor converted to `stored` (e.g. double values written as F32, F16 or BF16; the float
+  /// conversions round to nearest even). Integer <-> float conversions are refused.
+  template <class T>
+  safetensors_writer& add_as(const std::string& name, dtype stored, std::vector<std::int64_t> shape,
+                             std::span<const T> values) {
+    require(!name.empty() && name != "__metadata__", "safetensors_writer",
+            "tensor name must be non-empty and not __metadata__", name);
+    require(entries_.count(name) == 0, "safetensors_writer", "duplicate tensor name", name);
+    require(is_floating(stored) == is_floating(dtype_of<T>()), "safetensors_writer",
+            "cannot convert between integer and float dtypes", name, ": ", dtype_name(dtype_of<T>()), " -> ",
+            dtype_name(stored));
+    std::int64_t numel = 1;
+    for (auto s : shape) {
+      require(s >= 0, "safetensors_writer", "shape entries must be >= 0", name, " has ", s);
+      numel *= s;
+    }
+    require(static_cast<std::int64_t>(values.size()) == numel, "safetensors_writer",
+            "value count must equal the product of the shape", name, ": ", values.size(), " values for ", numel);
+    entry e{stored, std::move(shape), {}};
+    const std::size_t w = dtype_size(stored);
+    e.bytes.resize(values.size() * w);
+    if constexpr (std::is_integral_v<T>) {
+      if (stored == dtype::i32)
+        for (std::size_t i = 0; i < values.size(); ++i)
+          require(values[i] >= std::numeric_limits<std::int32_t>::min() &&
+                      values[i] <= std::numeric_limits<std::int32_t>::max(),
+                  "safetensors_writer", "value does not fit in I32", name, "[", i, "] = ", values[i]);
+    }
+    for (std::size_t i = 0; i < values.size(); ++i) store(stored, values[i], e.bytes.data() + i * w);
+    entries_.emplace(name, std::move(e));
+    return *this;
+  }
+
+  /// Add an Eigen row-major tensor (any rank) under its own dtype.
+  template <class T, int R>
+  safetensors_writer& add(const std::string& name, const Eigen::Tensor<T, R, Eigen::RowMajor>& t) {
+    std::vector<std::int64_t> shape;
+    for (int r = 0; r < R; ++r) shape.push_back(static_cast<std::int64_t>(t.dimension(r)));
+    return add<T>(name, std::move(shape), std::span<const T>(t.data(), static_cast<std::size_t>(t.size())));
+  }
+
+  safetensors_writer& metadata(const std::string& key, const std::string& value) {
+    metadata_[key] = value;
+    return *this;
+  }
+
+  /// The file image: header with sorted names, packed payloads, header padded with spaces to 8 bytes.
+  [[nodiscard]] std::vector<unsigned char> bytes() const {
+    nlohmann::json header = nlohmann::json::object();
+    std::uint64_t offset = 0;
+    for (const auto& [name, e] : entries_) {  // std::map: sorted by name
+      header[name] = {{"dtype", std::string(dtype_name(e.type))},
+                      {"shape", e.shape},
+                      {"data_offsets", {offset, offset + e.bytes.size()}}};
+      offset += e.bytes.size();
+    }
+    if (!metadata_.empty()) header["__metadata__"] = metadata_;
+    std::string h = header.dump();
+    h.append((8 - h.size() % 8) % 8, ' ');
+    std::vector<unsigned char> out(8 + h.size() + offset);
+    const std::uint64_t n = h.size();
+    for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<unsigned char>(n >> (8 * i));
+    std::memcpy(out.data() + 8, h.data(), h.size());
+    std::size_t at = 8 + h.size();
+    for (const auto& [name, e] : entries_) {
+      if (!e.bytes.empty()) std::memcpy(out.data() + at, e.bytes.data(), e.bytes.size());
+      at += e.bytes.size();
+    }
+    return out;
+  }
+
+  void write(const std::filesystem::path& path) const {
+    const auto b = bytes();
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    require(static_cast<bool>(f), "safetensors_writer", "cannot open file for writing", path.string());
+    f.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+    require(static_cast<bool>(f), "safetensors_writer", "write error", path.string());
+  }
+
+ private:
+  struct entry {
+    dtype type;
+    std::vector<std::int64_t> shape;
+    std::vector<unsigned char> bytes;
+  };
+
+  template <class T>
+  static void store(dtype to, const T& x, unsigned char* p) {
+    auto put = [p](const auto& y) { std::memcpy(p, &y, sizeof(y)); };
+    if constexpr (std::is_same_v<T, Eigen::half> || std::is_same_v<T, Eigen::bfloat16>) {
+      store(to, static_cast<float>(x), p);
+    } else {
+      switch (to) {
+        case dtype::f64:
+          put(static_cast<double>(x));
+          break;
+        case dtype::f32:
+          put(static_cast<float>(x));
+          break;
+        case dtype::f16:
+          put(Eigen::numext::bit_cast<std::uint16_t>(Eigen::half(static_cast<float>(x))));
+          break;
+        case dtype::bf16:
+          put(Eigen::numext::bit_cast<std::uint16_t>(Eigen::bfloat16(static_cast<float>(x))));
+          break;
+        case dtype::i64:
+          put(static_cast<std::int64_t>(x));
+          break;
+        case dtype::i32:
+          put(static_cast<std::int32_t>(x));
+          break;
+      }
+    }
+  }
+
+  std::map<std::string, entry> entries_;
+  std::map<std::string, std::string> metadata_;
+};
+
+}  // namespace posenc::io

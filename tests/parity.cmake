@@ -1,0 +1,61 @@
+# Parity tests (label `parity`): every vendored golden case of a kind posenc-run knows runs through
+# `posenc-run --check` in double and in float (docs/parity.md). Cases are found by reading the `kind`
+# of each tests/data/*.json, so a newly vendored case of a supported kind is picked up by a re-run of
+# cmake; a new family joins by adding its kind to POSENC_PARITY_KINDS (and its runner to posenc-run).
+if(NOT TARGET posenc-run)
+  message(STATUS "posenc: posenc-run is not built, parity tests skipped")
+  return()
+endif()
+
+set(POSENC_PARITY_KINDS sinusoidal rope rope_attention alibi t5 attention)
+set(_attention_kinds rope_attention alibi t5 attention)
+
+file(GLOB _cases CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/data/*.json)
+set(_count 0)
+foreach(_case IN LISTS _cases)
+  file(READ ${_case} _text)
+  string(JSON _kind ERROR_VARIABLE _err GET "${_text}" kind)
+  if(_err OR NOT _kind IN_LIST POSENC_PARITY_KINDS)
+    continue()
+  endif()
+  get_filename_component(_name ${_case} NAME_WE)
+  # NAME_WE stops at the first dot (rope_partial_0.4_...): take the stem instead.
+  string(REGEX REPLACE "\\.json$" "" _name "${_case}")
+  get_filename_component(_name ${_name} NAME)
+  math(EXPR _count "${_count} + 1")
+  foreach(_dtype f64 f32)
+    add_test(NAME parity.${_name}.${_dtype} COMMAND posenc-run --check --dtype ${_dtype} ${_case})
+    set_tests_properties(parity.${_name}.${_dtype} PROPERTIES LABELS parity)
+  endforeach()
+  # The HF float32 emulation (compares the *_hf_float32 expectations) and the threaded kernel path.
+  if(_kind STREQUAL "rope")
+    add_test(NAME parity.${_name}.hf_float32 COMMAND posenc-run --check --dtype f32 --rope-angles hf_float32 ${_case})
+    set_tests_properties(parity.${_name}.hf_float32 PROPERTIES LABELS parity)
+  endif()
+  if(_kind IN_LIST _attention_kinds)
+    add_test(NAME parity.${_name}.threads2 COMMAND posenc-run --check --threads 2 ${_case})
+    set_tests_properties(parity.${_name}.threads2 PROPERTIES LABELS parity)
+  endif()
+endforeach()
+message(STATUS "posenc: ${_count} golden cases registered for parity")
+
+# A kind posenc-run does not know must fail with a message naming it.
+set(_unknown ${CMAKE_CURRENT_SOURCE_DIR}/data/shaw_k8_bidirectional_right_padded.json)
+if(EXISTS ${_unknown})
+  add_test(NAME parity.unknown_kind_is_named COMMAND posenc-run --check ${_unknown})
+  set_tests_properties(parity.unknown_kind_is_named PROPERTIES LABELS parity
+                       PASS_REGULAR_EXPRESSION "unknown kind 'shaw'")
+  add_test(NAME parity.unknown_kind_exit_status COMMAND posenc-run --check ${_unknown})
+  set_tests_properties(parity.unknown_kind_exit_status PROPERTIES LABELS parity WILL_FAIL TRUE)
+endif()
+
+# posenc-run must be able to fail: the same tensors as alibi_8_heads_causal_prefill with an
+# impossible tolerance on `out` (tests/data/parity_selftest/) must be reported and exit 1.
+set(_tight ${CMAKE_CURRENT_SOURCE_DIR}/data/parity_selftest/selftest_alibi_impossible_tolerance.json)
+if(EXISTS ${_tight})
+  add_test(NAME parity.selftest_reports_mismatch COMMAND posenc-run --check ${_tight})
+  set_tests_properties(parity.selftest_reports_mismatch PROPERTIES LABELS parity
+                       PASS_REGULAR_EXPRESSION "out +F64 .*FAIL: [0-9]+ elements beyond")
+  add_test(NAME parity.selftest_exit_status COMMAND posenc-run --check ${_tight})
+  set_tests_properties(parity.selftest_exit_status PROPERTIES LABELS parity WILL_FAIL TRUE)
+endif()

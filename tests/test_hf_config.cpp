@@ -1,0 +1,293 @@
+// Tests of posenc/io/hf_config.hpp on hand-written config.json files modelled on real checkpoints
+// (tests/data/configs/). Every expected number is computed here from the published formula (HF
+// modeling_rope_utils.py, Press et al. for ALiBi slopes), not taken from the library.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <numbers>
+#include <string>
+#include <vector>
+
+#include "posenc/io/hf_config.hpp"
+
+namespace {
+
+using nlohmann::json;
+
+json config(const std::string& name) {
+  return posenc::io::read_json(std::string(POSENC_TEST_DATA) + "/configs/" + name + ".json");
+}
+
+/// theta_i = base^(-2i/d), i < d/2.
+std::vector<double> plain_inv_freq(double base, int d) {
+  std::vector<double> f(static_cast<std::size_t>(d / 2));
+  for (int i = 0; i < d / 2; ++i) f[static_cast<std::size_t>(i)] = std::pow(base, -2.0 * i / d);
+  return f;
+}
+
+void check_close(const std::vector<double>& got, const std::vector<double>& want, double rtol = 1e-13) {
+  REQUIRE(got.size() == want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    INFO("i = " << i << ": " << got[i] << " vs " << want[i]);
+    CHECK(std::abs(got[i] - want[i]) <= rtol * std::abs(want[i]));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("hf_config: Llama-3.1 (llama3 scaling)", "[io][hf_config]") {
+  const auto cfg = config("llama-3.1-8b");
+  const posenc::rope_config rc = posenc::io::rope_config_from_hf(cfg);
+  CHECK(rc.head_dim == 128);  // 4096 / 32
+  CHECK(rc.rope_theta == 500000.0);
+  CHECK(rc.layout == posenc::rope_layout::half);
+  CHECK(rc.max_position_embeddings == 131072);
+  CHECK(rc.scaling.rope_type == posenc::rope_type::llama3);
+  CHECK(rc.scaling.original_max_position_embeddings == 8192);
+
+  // Meta's apply_scaling: wavelength > 8192/1 -> /8, < 8192/4 -> unchanged, else smooth blend.
+  auto want = plain_inv_freq(500000.0, 128);
+  for (auto& f : want) {
+    const double wl = 2 * std::numbers::pi / f;
+    if (wl > 8192.0)
+      f /= 8.0;
+    else if (wl >= 2048.0) {
+      const double s = (8192.0 / wl - 1.0) / (4.0 - 1.0);
+      f = (1 - s) * f / 8.0 + s * f;
+    }
+  }
+  const posenc::rope r(rc);
+  check_close(r.inv_freq(), want);
+  CHECK(r.attention_factor() == 1.0);
+
+  const auto enc = posenc::io::encoding_from_hf(cfg);
+  CHECK(enc.family == "rope");
+  CHECK(enc.model_type == "llama");
+  CHECK(std::get<posenc::rope_config>(enc.config).head_dim == 128);
+}
+
+TEST_CASE("hf_config: Qwen2 with YaRN (legacy `type` key)", "[io][hf_config]") {
+  const auto cfg = config("qwen2-7b-instruct-yarn");
+  const posenc::rope_config rc = posenc::io::rope_config_from_hf(cfg);
+  CHECK(rc.head_dim == 128);  // 3584 / 28
+  CHECK(rc.scaling.rope_type == posenc::rope_type::yarn);
+  CHECK(rc.scaling.factor == 4.0);
+  CHECK(rc.scaling.truncate);
+
+  // YaRN (Peng et al. sec. 3.2): correction dims for 32 and 1 rotations over 32768 tokens, rounded out.
+  const double d = 128, base = 1e6, orig = 32768;
+  auto corr = [&](double n) { return d * std::log(orig / (2 * std::numbers::pi * n)) / (2 * std::log(base)); };
+  const double low = std::max(std::floor(corr(32)), 0.0), high = std::min(std::ceil(corr(1)), d - 1);
+  auto want = plain_inv_freq(base, 128);
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
+    want[i] = want[i] / 4.0 * ramp + want[i] * (1 - ramp);
+  }
+  const posenc::rope r(rc);
+  check_close(r.inv_freq(), want);
+  CHECK(r.attention_factor() == Approx(0.1 * std::log(4.0) + 1.0).epsilon(1e-15));
+}
+
+TEST_CASE("hf_config: gpt-oss (yarn, truncate false, explicit head_dim)", "[io][hf_config]") {
+  const auto cfg = config("gpt-oss-20b");
+  const posenc::rope_config rc = posenc::io::rope_config_from_hf(cfg);
+  CHECK(rc.head_dim == 64);  // head_dim wins over 2880 / 64 = 45
+  CHECK(rc.rope_theta == 150000.0);
+  CHECK_FALSE(rc.scaling.truncate);
+  CHECK(rc.scaling.beta_fast == 32.0);
+
+  const double d = 64, base = 150000, orig = 4096;
+  auto corr = [&](double n) { return d * std::log(orig / (2 * std::numbers::pi * n)) / (2 * std::log(base)); };
+  const double low = std::max(corr(32), 0.0), high = std::min(corr(1), d - 1);  // not rounded
+  CHECK(low != std::floor(low));
+  auto want = plain_inv_freq(base, 64);
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
+    want[i] = want[i] / 32.0 * ramp + want[i] * (1 - ramp);
+  }
+  const posenc::rope r(rc);
+  check_close(r.inv_freq(), want);
+  CHECK(r.attention_factor() == Approx(0.1 * std::log(32.0) + 1.0).epsilon(1e-15));
+}
+
+TEST_CASE("hf_config: Phi-3 LongRoPE (top-level original_max_position_embeddings)", "[io][hf_config]") {
+  const auto cfg = config("phi-3-mini-128k-instruct");
+  const posenc::rope_config rc = posenc::io::rope_config_from_hf(cfg);
+  CHECK(rc.head_dim == 96);
+  CHECK(rc.scaling.rope_type == posenc::rope_type::longrope);
+  CHECK(rc.scaling.original_max_position_embeddings == 4096);
+  REQUIRE(rc.scaling.short_factor.size() == 48);
+  REQUIRE(rc.scaling.long_factor.size() == 48);
+
+  const posenc::rope r(rc);
+  // Short factors up to the original context (inclusive), long ones beyond (FORMAT.md sec. 3).
+  for (std::int64_t L : {std::int64_t{4096}, std::int64_t{4097}}) {
+    std::vector<double> want(48);
+    for (int i = 0; i < 48; ++i) {
+      const double ext = L > 4096 ? 1.0 + 0.9 * i : 1.0 + 0.02 * i;
+      want[static_cast<std::size_t>(i)] = 1.0 / (ext * std::pow(10000.0, 2.0 * i / 96));
+    }
+    INFO("L = " << L);
+    check_close(r.inv_freq(L), want, 1e-12);
+  }
+  // factor = 131072 / 4096 = 32: sqrt(1 + ln 32 / ln 4096).
+  CHECK(r.attention_factor() == Approx(std::sqrt(1 + std::log(32.0) / std::log(4096.0))).epsilon(1e-14));
+}
+
+TEST_CASE("hf_config: rope_parameters, partial rotary, GPT-J layout, unknown types", "[io][hf_config]") {
+  const auto q3 = posenc::io::rope_config_from_hf(config("qwen3-rope-parameters"));
+  CHECK(q3.rope_theta == 1e6);  // from inside rope_parameters
+  CHECK(q3.head_dim == 128);
+  CHECK(q3.scaling.rope_type == posenc::rope_type::default_);
+  check_close(posenc::rope(q3).inv_freq(), plain_inv_freq(1e6, 128));
+
+  // Phi-2: partial rotary 0.4 of 80 -> 32 rotated dims.
+  const json phi2 = {{"model_type", "phi"},          {"hidden_size", 2560},   {"num_attention_heads", 32},
+                     {"partial_rotary_factor", 0.4}, {"rope_theta", 10000.0}, {"max_position_embeddings", 2048}};
+  const posenc::rope p2(posenc::io::rope_config_from_hf(phi2));
+  CHECK(p2.head_dim() == 80);
+  CHECK(p2.rotary_dim() == 32);
+  check_close(p2.inv_freq(), plain_inv_freq(10000.0, 32));
+
+  // GPT-J: explicit rotary_dim, rotate_every_two (interleaved) pairs, n_positions.
+  const json gptj = {
+      {"model_type", "gptj"}, {"n_embd", 4096}, {"n_head", 16}, {"rotary_dim", 64}, {"n_positions", 2048}};
+  const auto gj = posenc::io::rope_config_from_hf(gptj);
+  CHECK(gj.layout == posenc::rope_layout::interleaved);
+  CHECK(gj.head_dim == 256);
+  CHECK(gj.max_position_embeddings == 2048);
+  CHECK(posenc::rope(gj).rotary_dim() == 64);
+
+  // GPT-NeoX: rotary_pct and rotary_emb_base.
+  const json neox = {{"model_type", "gpt_neox"},
+                     {"hidden_size", 6144},
+                     {"num_attention_heads", 64},
+                     {"rotary_pct", 0.25},
+                     {"rotary_emb_base", 10000}};
+  CHECK(posenc::rope(posenc::io::rope_config_from_hf(neox)).rotary_dim() == 24);
+
+  // Linear and dynamic: factor read as is.
+  const json lin = {{"model_type", "llama"},
+                    {"hidden_size", 4096},
+                    {"num_attention_heads", 32},
+                    {"rope_scaling", {{"type", "linear"}, {"factor", 8.0}}}};
+  auto want = plain_inv_freq(10000.0, 128);
+  for (auto& f : want) f /= 8.0;
+  check_close(posenc::rope(posenc::io::rope_config_from_hf(lin)).inv_freq(), want);
+
+  // Unknown type: the error lists the supported ones.
+  const json bad = {{"model_type", "llama"},
+                    {"hidden_size", 4096},
+                    {"num_attention_heads", 32},
+                    {"rope_scaling", {{"rope_type", "ntk-by-parts"}, {"factor", 2.0}}}};
+  CHECK_THROWS_WITH(posenc::io::rope_config_from_hf(bad),
+                    Catch::Contains("ntk-by-parts") && Catch::Contains("default, linear, dynamic, yarn, longrope") &&
+                        Catch::Contains("llama3"));
+  // Missing dimensions name the keys.
+  CHECK_THROWS_WITH(posenc::io::rope_config_from_hf(json{{"model_type", "llama"}, {"rope_theta", 1e4}}),
+                    Catch::Contains("hidden_size") && Catch::Contains("num_attention_heads"));
+  // Wrong types name the key.
+  CHECK_THROWS_WITH(posenc::io::rope_config_from_hf(json{{"head_dim", "64"}}), Catch::Contains("head_dim"));
+}
+
+TEST_CASE("hf_config: ALiBi from BLOOM, Falcon and MPT", "[io][hf_config]") {
+  // BLOOM-560m: 16 heads (a power of two): m_h = 2^(-8 (h+1) / 16).
+  const auto bloom = posenc::io::alibi_config_from_hf(config("bloom-560m"));
+  CHECK(bloom.heads == 16);
+  CHECK(bloom.max_bias == 8.0);
+  const posenc::alibi a(bloom);
+  for (posenc::index h = 0; h < 16; ++h) CHECK(a.slope(h) == std::pow(2.0, -0.5 * static_cast<double>(h + 1)));
+  CHECK(posenc::io::encoding_from_hf(config("bloom-560m")).family == "alibi");
+
+  // Falcon-RW-1B: `alibi: true` wins over its rope keys; Falcon-7B (alibi false) is RoPE, 4544/71 = 64.
+  const auto frw = posenc::io::encoding_from_hf(config("falcon-rw-1b"));
+  CHECK(frw.family == "alibi");
+  CHECK(std::get<posenc::alibi_config>(frw.config).heads == 32);
+  const auto f7 = posenc::io::encoding_from_hf(config("falcon-7b"));
+  CHECK(f7.family == "rope");
+  CHECK(std::get<posenc::rope_config>(f7.config).head_dim == 64);
+
+  // MPT-7B: n_heads, attn_config.alibi_bias_max.
+  const auto mpt = posenc::io::encoding_from_hf(config("mpt-7b"));
+  CHECK(mpt.family == "alibi");
+  CHECK(std::get<posenc::alibi_config>(mpt.config).heads == 32);
+  // A non-power-of-two head count with another alibi_bias_max: 12 heads, n = 8, max_bias 16:
+  // h < 8: 2^(-16 (h+1) / 8); h >= 8: 2^(-8 (2 (h-8) + 1) / 8) (MPT's gen_slopes interleave).
+  json m12 = config("mpt-7b");
+  m12["n_heads"] = 12;
+  m12["attn_config"]["alibi_bias_max"] = 16;
+  const posenc::alibi a12(posenc::io::alibi_config_from_hf(m12));
+  for (posenc::index h = 0; h < 12; ++h) {
+    const double e = h < 8 ? -16.0 * static_cast<double>(h + 1) / 8 : -8.0 * static_cast<double>(2 * (h - 8) + 1) / 8;
+    CHECK(a12.slope(h) == std::pow(2.0, e));
+  }
+  // MPT with ALiBi off falls back to its learned positions (max_seq_len x d_model).
+  json mlearn = config("mpt-7b");
+  mlearn["attn_config"]["alibi"] = false;
+  const auto ml = posenc::io::encoding_from_hf(mlearn);
+  CHECK(ml.family == "learned");
+  CHECK(std::get<posenc::io::learned_spec>(ml.config).max_positions == 2048);
+  CHECK(std::get<posenc::io::learned_spec>(ml.config).d_model == 4096);
+}
+
+TEST_CASE("hf_config: T5 buckets and the relative_attention_bias weight", "[io][hf_config]") {
+  const auto cfg = config("t5-small");
+  const auto enc = posenc::io::t5_config_from_hf(cfg);
+  CHECK(enc.num_buckets == 32);
+  CHECK(enc.max_distance == 128);
+  CHECK_FALSE(enc.is_decoder);
+  CHECK(posenc::io::t5_config_from_hf(cfg, true).is_decoder);
+  CHECK(posenc::io::encoding_from_hf(cfg).family == "t5");
+
+  Eigen::Tensor<float, 2, Eigen::RowMajor> w(32, 8);
+  for (posenc::index b = 0; b < 32; ++b)
+    for (posenc::index h = 0; h < 8; ++h) w(b, h) = static_cast<float>(100 * b + h);
+  const auto t5 = posenc::io::t5_from_hf<float>(cfg, posenc::tensor_map<const float, 2>(w.data(), 32, 8));
+  // Bidirectional T5 buckets by hand: r = +1 -> 16 + 1 = 17; r = -3 -> 3; r = +200 (beyond 128) -> 31.
+  CHECK(t5.bias(2, 0, 1) == 1702.0f);
+  CHECK(t5.bias(5, 3, 0) == 305.0f);
+  CHECK(t5.bias(0, 0, 200) == 3100.0f);
+  Eigen::Tensor<float, 2, Eigen::RowMajor> w7(32, 7);
+  CHECK_THROWS_WITH(posenc::io::t5_from_hf<float>(cfg, posenc::tensor_map<const float, 2>(w7.data(), 32, 7)),
+                    Catch::Contains("num_heads"));
+}
+
+TEST_CASE("hf_config: learned absolute positions (GPT-2, OPT)", "[io][hf_config]") {
+  const auto g = posenc::io::learned_spec_from_hf(config("gpt2"));
+  CHECK(g.max_positions == 1024);
+  CHECK(g.d_model == 768);
+  CHECK(g.options.offset == 0);
+  CHECK(posenc::io::encoding_from_hf(config("gpt2")).family == "learned");
+
+  // OPT: table of max_position_embeddings + 2 rows, position p at row p + 2.
+  const auto o = posenc::io::learned_spec_from_hf(config("opt-125m"));
+  CHECK(o.max_positions == 2050);
+  CHECK(o.d_model == 768);
+  CHECK(o.options.offset == 2);
+
+  Eigen::Tensor<double, 2, Eigen::RowMajor> w(2050, 768);
+  w.setZero();
+  w(2, 5) = 1.5;  // position 0
+  const auto pe =
+      posenc::io::learned_from_hf<double>(config("opt-125m"), posenc::tensor_map<const double, 2>(w.data(), 2050, 768));
+  Eigen::Tensor<double, 3, Eigen::RowMajor> x(1, 1, 768);
+  x.setZero();
+  const auto pos = posenc::contiguous_positions(1, 1);
+  pe.add_to(posenc::tensor_map<double, 3>(x.data(), 1, 1, 768), posenc::view(pos));
+  CHECK(x(0, 0, 5) == 1.5);
+  CHECK_THROWS_WITH(
+      posenc::io::learned_from_hf<double>(config("gpt2"), posenc::tensor_map<const double, 2>(w.data(), 2050, 768)),
+      Catch::Contains("1024"));
+}
+
+TEST_CASE("hf_config: unknown families and unreadable files", "[io][hf_config]") {
+  CHECK_THROWS_WITH(posenc::io::encoding_from_hf(json{{"model_type", "mamba"}, {"hidden_size", 768}}),
+                    Catch::Contains("mamba") && Catch::Contains("rope") && Catch::Contains("alibi"));
+  CHECK_THROWS_WITH(posenc::io::encoding_from_hf(json::array()), Catch::Contains("object"));
+  CHECK_THROWS_WITH(posenc::io::read_json("/nonexistent/config.json"), Catch::Contains("cannot open"));
+  CHECK(posenc::io::encoding_from_hf_file(std::string(POSENC_TEST_DATA) + "/configs/gpt-oss-20b.json").family ==
+        "rope");
+  // Every family of the table is listed by name.
+  std::vector<std::string> names;
+  for (const auto& f : posenc::io::hf_families()) names.emplace_back(f.name);
+  CHECK(names == std::vector<std::string>{"t5", "alibi", "rope", "learned"});
+}
