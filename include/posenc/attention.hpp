@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <span>
 #include <type_traits>
@@ -192,12 +193,14 @@ class fused_attention {
 
   // Q/K transforms once per key token, each kv head once (not once per query head of a GQA group).
   void transform_keys(Eigen::ThreadPoolInterface* pool) {
-    keys_.resize(static_cast<std::size_t>(q_.batch() * kv_heads_ * k_len_ * dim_));
+    // Uninitialized: every element is written by the copy below (a zero fill would be one more pass
+    // over O(batch x kv_heads x L x d) memory per call).
+    keys_ = std::make_unique_for_overwrite<T[]>(static_cast<std::size_t>(q_.batch() * kv_heads_ * k_len_ * dim_));
     for_each_item(
         pool, q_.batch() * kv_heads_, [] { return 0; },
         [&](index item, int&) {
           const index b = item / kv_heads_, hk = item % kv_heads_;
-          matrix_map<T> x(keys_.data() + item * k_len_ * dim_, k_len_, dim_, Eigen::OuterStride<>(dim_));
+          matrix_map<T> x(keys_.get() + item * k_len_ * dim_, k_len_, dim_, Eigen::OuterStride<>(dim_));
           x = k_.matrix(b, hk);
           enc_.transform_qk(qk_role::key, hk, std::span<const std::int64_t>(masks_.kp(b), k_len_), x);
         });
@@ -205,7 +208,7 @@ class fused_attention {
 
   [[nodiscard]] const_matrix_map<T> keys(index b, index hk, index first, index count) const {
     if constexpr (transforms)
-      return const_matrix_map<T>(keys_.data() + ((b * kv_heads_ + hk) * k_len_ + first) * dim_, count, dim_,
+      return const_matrix_map<T>(keys_.get() + ((b * kv_heads_ + hk) * k_len_ + first) * dim_, count, dim_,
                                  Eigen::OuterStride<>(dim_));
     else
       return k_.matrix(b, hk, first, count);
@@ -312,7 +315,7 @@ class fused_attention {
   index q_block_, k_block_, buckets_;
   index heads_, kv_heads_, dim_, vdim_, q_len_, k_len_, q_blocks_, k_blocks_;
   std::vector<key_block> key_blocks_;
-  std::vector<T> keys_;  // transformed keys [batch, kv_heads, k_len, dim] (Q/K transforms only)
+  std::unique_ptr<T[]> keys_;  // transformed keys [batch, kv_heads, k_len, dim] (Q/K transforms only)
   std::atomic<bool> bad_bucket_{false};
 };
 
