@@ -69,47 +69,47 @@ struct rope_config {
 
 class rope_frequencies;
 
+namespace detail {
+/// What a rope_table was built from: its position range and the frequencies (apply() checks them).
+struct rope_table_identity {
+  std::int64_t first = 0;
+  index count = 0, rotary_dim = 0;
+  rope_layout layout = rope_layout::half;
+  std::vector<double> inv_freq{};
+  double attention_factor = 1;
+  rope_angles angles = rope_angles::exact;
+};
+}  // namespace detail
+
 /// cos/sin of a position range [first, first + count), built once (in double), stored as T, then
 /// immutable: share it between threads, heads, layers and calls. Build with rope::table or
 /// rope_frequencies::table. A table belongs to the frequencies it was built from; apply() checks that.
 template <class T>
 class rope_table {
  public:
-  [[nodiscard]] std::int64_t first() const { return first_; }
-  [[nodiscard]] index count() const { return count_; }
-  [[nodiscard]] index rotary_dim() const { return rotary_dim_; }
-  [[nodiscard]] rope_layout layout() const { return layout_; }
-  [[nodiscard]] bool contains(std::int64_t p) const { return p >= first_ && p - first_ < count_; }
+  [[nodiscard]] std::int64_t first() const { return id_.first; }
+  [[nodiscard]] index count() const { return id_.count; }
+  [[nodiscard]] index rotary_dim() const { return id_.rotary_dim; }
+  [[nodiscard]] rope_layout layout() const { return id_.layout; }
+  [[nodiscard]] bool contains(std::int64_t p) const { return p >= id_.first && p - id_.first < id_.count; }
   /// Values per position (rotary_dim for half, 2 * rotary_dim for interleaved; detail/rope_kernels.hpp).
-  [[nodiscard]] index width() const { return detail::row_width(rotary_dim_, layout_ == rope_layout::interleaved); }
-  [[nodiscard]] const T* row(std::int64_t p) const { return data_->data() + (p - first_) * width(); }
+  [[nodiscard]] index width() const { return detail::row_width(id_.rotary_dim, id_.layout == rope_layout::interleaved); }
+  [[nodiscard]] const T* row(std::int64_t p) const { return data_->data() + (p - id_.first) * width(); }
   /// Bytes of the table (what one pass over it reads).
   [[nodiscard]] std::size_t bytes() const { return data_->size() * sizeof(T); }
   /// The same table stored as U.
   template <class U>
   [[nodiscard]] rope_table<U> converted() const {
-    rope_table<U> t;
-    t.first_ = first_;
-    t.count_ = count_;
-    t.rotary_dim_ = rotary_dim_;
-    t.layout_ = layout_;
-    t.inv_freq_ = inv_freq_;
-    t.attention_factor_ = attention_factor_;
-    t.angles_ = angles_;
-    t.data_ = std::make_shared<const std::vector<U>>(data_->begin(), data_->end());
-    return t;
+    return rope_table<U>(id_, std::make_shared<const std::vector<U>>(data_->begin(), data_->end()));
   }
 
  private:
   friend class rope_frequencies;
   template <class U>
   friend class rope_table;
-  std::int64_t first_ = 0;
-  index count_ = 0, rotary_dim_ = 0;
-  rope_layout layout_ = rope_layout::half;
-  std::vector<double> inv_freq_{};  // identity of the frequencies it was built from
-  double attention_factor_ = 1;
-  rope_angles angles_ = rope_angles::exact;
+  rope_table(detail::rope_table_identity id, std::shared_ptr<const std::vector<T>> data)
+      : id_(std::move(id)), data_(std::move(data)) {}
+  detail::rope_table_identity id_{};
   std::shared_ptr<const std::vector<T>> data_{};
 };
 
@@ -201,16 +201,8 @@ class rope_frequencies {
             first, " + ", count);
     auto data = std::make_shared<std::vector<T>>(static_cast<std::size_t>(count * width()));
     fill_rows(first, count, data->data());
-    rope_table<T> tab;
-    tab.first_ = first;
-    tab.count_ = count;
-    tab.rotary_dim_ = rotary_dim_;
-    tab.layout_ = layout_;
-    tab.inv_freq_ = inv_freq_;
-    tab.attention_factor_ = attention_factor_;
-    tab.angles_ = angles_;
-    tab.data_ = std::move(data);
-    return tab;
+    return rope_table<T>({first, count, rotary_dim_, layout_, inv_freq_, attention_factor_, angles_},
+                         std::move(data));
   }
 
   // ---- kernel hook -----------------------------------------------------------------------------
@@ -314,8 +306,8 @@ class rope_frequencies {
   }
   template <class T>
   void check_table(const rope_table<T>& t, const positions_view& pos) const {
-    require(t.rotary_dim_ == rotary_dim_ && t.layout_ == layout_ && t.angles_ == angles_ &&
-                t.attention_factor_ == attention_factor_ && t.inv_freq_ == inv_freq_,
+    require(t.id_.rotary_dim == rotary_dim_ && t.id_.layout == layout_ && t.id_.angles == angles_ &&
+                t.id_.attention_factor == attention_factor_ && t.id_.inv_freq == inv_freq_,
             "table", "was built for other frequencies (rotary_dim, layout, angles, inv_freq or attention factor)");
     for (index i = 0; i < pos.size(); ++i)
       require(t.contains(pos.data()[i]), "table", "must cover every position", "position ", pos.data()[i],
