@@ -26,6 +26,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -42,6 +43,7 @@
 #include "posenc/detail/mask.hpp"
 #include "posenc/detail/online_softmax.hpp"
 #include "posenc/detail/thread.hpp"
+#include "posenc/detail/tile_gemm.hpp"
 #include "posenc/encoding.hpp"
 #include "posenc/error.hpp"
 #include "posenc/options.hpp"
@@ -67,6 +69,11 @@ using row_matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMa
 // L2), and 256 x 384 / 256 x 288 / 128 x 384 did not beat these.
 inline constexpr index default_q_block = 256;
 inline constexpr index default_k_block = 256;
+/// Query blocks (of one kv head) per work item: they share each K/V block's packing.
+inline constexpr index default_units_per_item = 4;
+/// Below this many rows a query block multiplies through Eigen's expressions (a GEMV for one row)
+/// instead of packing K and V for it.
+inline constexpr index min_packed_rows = 16;
 
 /// Summary of one key block of one batch row: lets the kernel skip blocks nothing can see and
 /// avoid masking blocks everything sees.
@@ -133,12 +140,62 @@ template <class A, class B>
   return std::less<const char*>{}(x0, y1) && std::less<const char*>{}(y0, x1);
 }
 
-/// Per-worker buffers, allocated once per worker at the maximum tile size.
+/// Prefetches the rows of a strided host matrix into L2 (for_write: with intent to write), one
+/// instruction per cache line.
+template <class M>
+void prefetch_rows(const M& m, bool for_write) {
+  using scalar = typename M::Scalar;
+  constexpr index line = 64;
+  const index bytes = m.cols() * static_cast<index>(sizeof(scalar));
+  for (index r = 0; r < m.rows(); ++r) {
+    const char* p = reinterpret_cast<const char*>(m.data() + r * m.outerStride());
+    if (for_write)
+      for (index o = 0; o < bytes; o += line) __builtin_prefetch(p + o, 1, 2);
+    else
+      for (index o = 0; o < bytes; o += line) __builtin_prefetch(p + o, 0, 2);
+  }
+}
+
+/// A key block some unit of a work item sees: the keys it provides (kcols) and each unit's share.
+struct block_plan {
+  const key_block* block = nullptr;
+  index kcols = 0;
+  bool any_packed = false;
+  std::array<index, default_units_per_item> cols{};  ///< per unit (0: the unit does not see the block)
+};
+
+/// Per-worker buffers, grown to the largest tile the worker meets and reused by its items (maps
+/// give them each tile's shape: an Eigen resize would reallocate at every shape change).
 template <class T>
 struct attention_scratch {
-  row_matrix<T> q_scaled, q_transformed, scores, acc_out, acc_buckets;
-  Eigen::Matrix<std::int32_t, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> buckets;
-  online_softmax<T> softmax;
+  using buffer = typename tile_gemm<T>::buffer;
+  /// Per query unit of an item.
+  struct unit_state {
+    buffer q_work;    ///< transformed queries (Q/K transforms only)
+    buffer q_scaled;  ///< scale * queries: left operand of the expression path
+    buffer q_packed;  ///< queries packed as the B operand of S^T = K Q^T (packed path)
+    buffer acc_out, acc_buckets;
+    online_softmax<T> softmax;
+  };
+  std::vector<unit_state> units;
+  buffer k_packed, v_packed, p_packed, scores;
+  Eigen::Matrix<std::int32_t, Eigen::Dynamic, 1> buckets;
+  std::vector<block_plan> plan;  ///< the current item's key blocks
+
+  /// Grows b to at least n elements (never shrinks, so no reallocation once the largest tile is seen).
+  template <class B>
+  static auto* at_least(B& b, index n) {
+    if (b.size() < n) b.resize(n);
+    return b.data();
+  }
+};
+
+/// One (head, query block) of a work item.
+struct query_unit {
+  index head = 0, q0 = 0, rows = 0;
+  const std::int64_t* q_pos = nullptr;
+  std::int64_t q_min = 0, q_max = 0;
+  bool packed = false;  ///< products on packed operands (tile_gemm); else Eigen expressions (few rows)
 };
 
 template <class T, class Bound>
@@ -148,50 +205,42 @@ class fused_attention {
   static constexpr bool score_terms = has_score_terms<Bound, T>;
   static constexpr bool position_bias = has_position_bias<Bound, T>;
   static constexpr bool value_terms = has_value_terms<Bound, T>;
+  using gemm = tile_gemm<T>;
 
   fused_attention(heads_view<const T> q, heads_view<const T> k, heads_view<const T> v, heads_view<T> out,
                   T* lse, const Bound& enc, const call_masks& masks, T scale, index q_block, index k_block,
-                  index buckets)
+                  index buckets, index threads)
       : q_(q), k_(k), v_(v), out_(out), lse_(lse), enc_(enc), masks_(masks), scale_(scale), q_block_(q_block),
-        k_block_(k_block), buckets_(buckets), heads_(q.heads()), kv_heads_(k.heads()), dim_(q.dim()),
-        vdim_(v.dim()), q_len_(q.seq()), k_len_(k.seq()),
+        k_block_(k_block), buckets_(buckets), heads_(q.heads()), kv_heads_(k.heads()), group_(heads_ / kv_heads_),
+        dim_(q.dim()), vdim_(v.dim()), q_len_(q.seq()), k_len_(k.seq()),
         q_blocks_(q_len_ == 0 ? 0 : (q_len_ + q_block - 1) / q_block),
         k_blocks_(k_len_ == 0 ? 0 : (k_len_ + k_block - 1) / k_block),
-        key_blocks_(summarize_key_blocks(masks, k_block)) {}
+        key_blocks_(summarize_key_blocks(masks, k_block)) {
+    const index qb = std::min(q_block_, q_len_), kb = std::min(k_block_, k_len_);
+    chunk_s_ = gemm::column_chunk(kb, dim_, qb);
+    chunk_pv_ = gemm::column_chunk(vdim_, kb, qb);
+    // Units per item: up to default_units_per_item, fewer when that would leave under two items per
+    // thread. The grouping never changes a unit's arithmetic (same packed operands, same order), so
+    // the result does not depend on it, nor on the thread count it is derived from.
+    const index units = q_.batch() * heads_ * q_blocks_;
+    units_per_item_ = std::clamp<index>(units / (2 * threads), 1, default_units_per_item);
+    units_per_group_ = group_ * q_blocks_;
+    items_per_group_ = (units_per_group_ + units_per_item_ - 1) / units_per_item_;
+  }
 
   void run(Eigen::ThreadPoolInterface* pool) {
     if constexpr (transforms) transform_keys(pool);
-    // Items of one (batch, head) are consecutive, so the threads walk the same K/V blocks one after
-    // the other (they stay in cache when a head's K/V fit; at L = 2048, d = 128 the order made no
-    // measurable difference here). Within a head the last query blocks come first: under a causal
-    // mask they see the most keys, so the dynamic schedule ends with short items and the threads
-    // finish together.
-    const index per_head = q_blocks_;
-    for_each_item(
-        pool, q_blocks_ * q_.batch() * heads_, [&] { return make_scratch(); },
-        [&](index item, attention_scratch<T>& sc) {
-          const index bh = item / per_head, qb = q_blocks_ - 1 - item % per_head;
-          run_item(bh / heads_, bh % heads_, qb, sc);
-        });
+    // Items of one (batch, kv head) are consecutive and, within it, the last query blocks come first:
+    // under a causal mask they see the most keys, so the dynamic schedule ends with short items and
+    // the threads finish together.
+    for_each_item(pool, q_.batch() * kv_heads_ * items_per_group_, [&] { return make_scratch(); },
+                  [&](index item, attention_scratch<T>& sc) { run_item(item, sc); });
     require(!bad_bucket_.load(), "encoding", "value_buckets must return indices in [0, value_bucket_count())");
   }
 
  private:
-  attention_scratch<T> make_scratch() const {
-    attention_scratch<T> sc;
-    const index qb = std::min(q_block_, q_len_), kb = std::min(k_block_, k_len_);
-    sc.q_scaled.resize(qb, dim_);
-    if constexpr (transforms) sc.q_transformed.resize(qb, dim_);
-    sc.scores.resize(qb, kb);
-    sc.acc_out.resize(qb, vdim_);
-    if constexpr (value_terms) {
-      sc.buckets.resize(qb, kb);
-      sc.acc_buckets.resize(qb, buckets_);
-    }
-    return sc;
-  }
-
-  // Q/K transforms once per key token, each kv head once (not once per query head of a GQA group).
+  // Q/K transforms once per key token, each kv head once (not once per query head of a GQA group,
+  // nor once per work item), into a working copy of K.
   void transform_keys(Eigen::ThreadPoolInterface* pool) {
     // Uninitialized: every element is written by the copy below (a zero fill would be one more pass
     // over O(batch x kv_heads x L x d) memory per call).
@@ -206,6 +255,7 @@ class fused_attention {
         });
   }
 
+  /// Keys first .. first+count-1 of (batch b, kv head hk): transformed (Q/K transforms) or the caller's.
   [[nodiscard]] const_matrix_map<T> keys(index b, index hk, index first, index count) const {
     if constexpr (transforms)
       return const_matrix_map<T>(keys_.get() + ((b * kv_heads_ + hk) * k_len_ + first) * dim_, count, dim_,
@@ -214,95 +264,216 @@ class fused_attention {
       return k_.matrix(b, hk, first, count);
   }
 
-  void run_item(index b, index h, index qb, attention_scratch<T>& sc) {
-    constexpr T neg_inf = -std::numeric_limits<T>::infinity();
-    const index hk = kv_head_of(h, heads_, kv_heads_);
-    const index q0 = qb * q_block_, rows = std::min(q_block_, q_len_ - q0);
-    const std::int64_t* q_pos = masks_.qp(b) + q0;
-    const std::int64_t* k_pos = masks_.kp(b);
-    const unsigned char* k_valid = masks_.kv(b);
-    const auto [qmin_it, qmax_it] = std::minmax_element(q_pos, q_pos + rows);
-    const std::int64_t q_min = *qmin_it, q_max = *qmax_it;
-    const bool causal = masks_.causal;
+  [[nodiscard]] attention_scratch<T> make_scratch() const {
+    attention_scratch<T> sc;
+    sc.units.resize(static_cast<std::size_t>(units_per_item_));
+    return sc;
+  }
 
-    // The query block: transformed once per token (this item is the only one that owns these rows),
-    // then a copy scaled by the logit scale, the left operand of every score product.
-    const const_matrix_map<T> q_tile = [&] {
+  /// Keys of block `blk` a unit must compute: all of them, or under a causal mask with ascending
+  /// positions the prefix up to the unit's last query position (packed: rounded up to whole panels
+  /// of the packed K, whose row prefixes are only packed K's themselves at panel boundaries).
+  [[nodiscard]] index needed_keys(const key_block& blk, const std::int64_t* k_pos, const query_unit& u) const {
+    if (!masks_.causal || !blk.ascending) return blk.cols;
+    const std::int64_t* first = k_pos + blk.first;
+    const index seen = std::upper_bound(first, first + blk.cols, u.q_max) - first;
+    if (!u.packed) return seen;
+    return std::min(blk.cols, (seen + gemm::a_panel - 1) / gemm::a_panel * gemm::a_panel);
+  }
+
+  /// The unit's queries, transformed once (Q/K transforms), packed or scaled for the score products.
+  const_matrix_map<T> prepare_queries(index b, const query_unit& u, typename attention_scratch<T>::unit_state& st) {
+    using scratch = attention_scratch<T>;
+    const const_matrix_map<T> q = [&] {
       if constexpr (transforms) {
-        matrix_map<T> qt(sc.q_transformed.data(), rows, dim_, Eigen::OuterStride<>(dim_));
-        qt = q_.matrix(b, h, q0, rows);
-        enc_.transform_qk(qk_role::query, h, std::span<const std::int64_t>(q_pos, rows), qt);
-        return const_matrix_map<T>(qt.data(), rows, dim_, Eigen::OuterStride<>(dim_));
+        matrix_map<T> qt(scratch::at_least(st.q_work, u.rows * dim_), u.rows, dim_, Eigen::OuterStride<>(dim_));
+        qt = q_.matrix(b, u.head, u.q0, u.rows);
+        enc_.transform_qk(qk_role::query, u.head, std::span<const std::int64_t>(u.q_pos, u.rows), qt);
+        return const_matrix_map<T>(qt.data(), u.rows, dim_, Eigen::OuterStride<>(dim_));
       } else {
-        return q_.matrix(b, h, q0, rows);
+        return q_.matrix(b, u.head, u.q0, u.rows);
       }
     }();
-    matrix_map<T> q_scaled(sc.q_scaled.data(), rows, dim_, Eigen::OuterStride<>(dim_));
-    q_scaled = q_tile * scale_;
+    if (u.packed) {  // the logit scale is the product's alpha
+      gemm::pack_b(scratch::at_least(st.q_packed, u.rows * dim_), q.data(), q.outerStride(), u.rows, dim_);
+    } else {  // the scale on Q: `(Q K^T) * scale` would be evaluated coefficient-wise
+      matrix_map<T>(scratch::at_least(st.q_scaled, u.rows * dim_), u.rows, dim_, Eigen::OuterStride<>(dim_)) =
+          q * scale_;
+    }
+    return q;
+  }
 
-    matrix_map<T> acc(sc.acc_out.data(), rows, vdim_, Eigen::OuterStride<>(vdim_));
-    acc.setZero();
-    matrix_map<T> acc_buckets(sc.acc_buckets.data(), rows, buckets_, Eigen::OuterStride<>(buckets_));
-    if constexpr (value_terms) acc_buckets.setZero();
-    online_softmax<T>& sm = sc.softmax;
-    sm.reset(rows);
+  void run_item(index item, attention_scratch<T>& sc) {
+    constexpr T neg_inf = -std::numeric_limits<T>::infinity();
+    const index grp = item / items_per_group_;
+    const index chunk = items_per_group_ - 1 - item % items_per_group_;
+    const index b = grp / kv_heads_, hk = grp % kv_heads_;
+    const index first_unit = chunk * units_per_item_;
+    const index n_units = std::min(units_per_item_, units_per_group_ - first_unit);
+    const std::int64_t* k_pos = masks_.kp(b);
+    const unsigned char* k_valid = masks_.kv(b);
+    const bool causal = masks_.causal;
+    using scratch = attention_scratch<T>;
 
+    std::array<query_unit, default_units_per_item> units;
+    std::array<std::optional<const_matrix_map<T>>, default_units_per_item> q_tiles;
+    for (index i = 0; i < n_units; ++i) {
+      query_unit& u = units[static_cast<std::size_t>(i)];
+      const index unit = first_unit + i;
+      u.head = hk * group_ + unit / q_blocks_;
+      u.q0 = unit % q_blocks_ * q_block_;
+      u.rows = std::min(q_block_, q_len_ - u.q0);
+      u.q_pos = masks_.qp(b) + u.q0;
+      const auto [lo, hi] = std::minmax_element(u.q_pos, u.q_pos + u.rows);
+      u.q_min = *lo;
+      u.q_max = *hi;
+      u.packed = u.rows >= min_packed_rows;
+      auto& st = sc.units[static_cast<std::size_t>(i)];
+      q_tiles[static_cast<std::size_t>(i)].emplace(prepare_queries(b, u, st));
+      scratch::at_least(st.acc_out, u.rows * vdim_);
+      st.acc_out.head(u.rows * vdim_).setZero();
+      if constexpr (value_terms) {
+        scratch::at_least(st.acc_buckets, u.rows * buckets_);
+        st.acc_buckets.head(u.rows * buckets_).setZero();
+      }
+      st.softmax.reset(u.rows);
+    }
+
+    // The key blocks some unit sees, and how many keys each unit needs from them.
+    std::vector<block_plan>& plan = sc.plan;
+    plan.clear();
     for (index kb = 0; kb < k_blocks_; ++kb) {
       const key_block& blk = key_blocks_[static_cast<std::size_t>(b * k_blocks_ + kb)];
-      if (blk.valid == 0) continue;                    // every key is padding
-      if (causal && blk.pos_min > q_max) continue;     // above the causal diagonal: nothing visible
-      index cols = blk.cols;
-      if (causal && blk.ascending)                     // drop the keys past the last query's position
-        cols = std::upper_bound(k_pos + blk.first, k_pos + blk.first + blk.cols, q_max) - (k_pos + blk.first);
-      const bool all_visible = blk.valid == blk.cols && (!causal || blk.pos_max <= q_min);
-
-      const const_matrix_map<T> k_tile = keys(b, hk, blk.first, cols);
-      matrix_map<T> s(sc.scores.data(), rows, cols, Eigen::OuterStride<>(cols));
-      s.noalias() = q_scaled * k_tile.transpose();
-
-      const tile<T> t{.batch = b, .head = h, .kv_head = hk, .q_first = q0, .k_first = blk.first, .rows = rows,
-                      .cols = cols, .q_pos = q_pos, .k_pos = k_pos + blk.first, .q = q_tile, .k = k_tile};
-      if constexpr (score_terms) enc_.add_score_terms(t, scale_, s);
-      if constexpr (position_bias) enc_.add_position_bias(t, s);
-      if (!all_visible)
-        mask_tile<T>(s, q_pos, k_pos + blk.first, k_valid + blk.first, blk.valid != blk.cols, causal,
-                     blk.ascending);
-
-      if (sm.step(s)) {
-        acc = sm.alpha.asDiagonal() * acc;
-        if constexpr (value_terms) acc_buckets = sm.alpha.asDiagonal() * acc_buckets;
+      if (blk.valid == 0) continue;  // every key is padding
+      block_plan p{.block = &blk};
+      for (index i = 0; i < n_units; ++i) {
+        const query_unit& u = units[static_cast<std::size_t>(i)];
+        if (causal && blk.pos_min > u.q_max) continue;  // above the causal diagonal: nothing visible
+        p.cols[static_cast<std::size_t>(i)] = needed_keys(blk, k_pos, u);
+        p.kcols = std::max(p.kcols, p.cols[static_cast<std::size_t>(i)]);
+        p.any_packed = p.any_packed || u.packed;
       }
-      acc.noalias() += s * v_.matrix(b, hk, blk.first, cols);
+      if (p.kcols > 0) plan.push_back(p);
+    }
 
+    for (std::size_t pi = 0; pi < plan.size(); ++pi) {
+      const block_plan& p = plan[pi];
+      const key_block& blk = *p.block;
+      const index kcols = p.kcols;
+      // The block's keys and values, packed once for all units.
+      const const_matrix_map<T> k_tile = keys(b, hk, blk.first, kcols);
+      const const_matrix_map<T> v_tile = v_.matrix(b, hk, blk.first, kcols);
+      if (p.any_packed) {
+        gemm::pack_a(scratch::at_least(sc.k_packed, kcols * dim_), k_tile.data(), k_tile.outerStride(), kcols, dim_);
+        gemm::pack_a_transposed(scratch::at_least(sc.v_packed, kcols * vdim_), v_tile.data(), v_tile.outerStride(),
+                                vdim_, kcols);
+      }
+
+      // While the units compute on this block, the next block's K and V rows (or, after the last
+      // block, the output rows) are fetched in slices, one per unit: host rows are 2-4 KiB apart in
+      // BSHD, a new page each, so unprefetched reads run at the memory latency.
+      const block_plan* next = pi + 1 < plan.size() ? &plan[pi + 1] : nullptr;
+      index visible = 0;
+      for (index i = 0; i < n_units; ++i) visible += p.cols[static_cast<std::size_t>(i)] > 0 ? 1 : 0;
+      index slice = 0;
+      for (index i = 0; i < n_units; ++i) {
+        const index c = p.cols[static_cast<std::size_t>(i)];
+        if (c == 0) continue;
+        if (next != nullptr) {
+          const index n = next->kcols, r0 = n * slice / visible, r1 = n * (slice + 1) / visible;
+          prefetch_rows(keys(b, hk, next->block->first + r0, r1 - r0), false);
+          prefetch_rows(v_.matrix(b, hk, next->block->first + r0, r1 - r0), false);
+        } else {
+          const query_unit& u = units[static_cast<std::size_t>(i)];
+          prefetch_rows(out_.matrix(b, u.head, u.q0, u.rows), true);
+        }
+        ++slice;
+        tile_step(b, hk, blk, c, kcols, units[static_cast<std::size_t>(i)], *q_tiles[static_cast<std::size_t>(i)],
+                  k_tile, v_tile, k_pos, k_valid, sc.units[static_cast<std::size_t>(i)], sc);
+      }
+    }
+
+    for (index i = 0; i < n_units; ++i) {
+      const query_unit& u = units[static_cast<std::size_t>(i)];
+      auto& st = sc.units[static_cast<std::size_t>(i)];
+      matrix_map<T> acc(st.acc_out.data(), u.rows, vdim_, Eigen::OuterStride<>(vdim_));
       if constexpr (value_terms) {
-        index_tile idx(sc.buckets.data(), rows, cols, Eigen::OuterStride<>(cols));
-        enc_.value_buckets(t, idx);
-        for (index i = 0; i < rows; ++i)
-          for (index j = 0; j < cols; ++j) {
-            const std::int32_t c = idx(i, j);
-            // Masked pairs (weight 0) may carry any index; a visible pair with an index outside the
-            // table is an encoding bug, reported after the call (a worker thread cannot throw). It is
-            // the one error detected after writing: `out` is then unspecified.
-            if (c < 0 || c >= buckets_) {
-              if (s(i, j) != T(0)) bad_bucket_.store(true);
-              continue;
-            }
-            acc_buckets(i, c) += s(i, j);
-          }
+        const const_matrix_map<T> acc_buckets(st.acc_buckets.data(), u.rows, buckets_,
+                                              Eigen::OuterStride<>(buckets_));
+        if (buckets_ > 0) acc.noalias() += acc_buckets * enc_.template value_table<T>(u.head);
       }
+      const online_softmax<T>& sm = st.softmax;
+      auto dst = out_.matrix(b, u.head, u.q0, u.rows);
+      for (index r = 0; r < u.rows; ++r) {
+        if (sm.l(r) > T(0)) dst.row(r) = acc.row(r) * (T(1) / sm.l(r));
+        else dst.row(r).setZero();  // the row sees no key
+      }
+      if (lse_ != nullptr) {
+        T* row_lse = lse_ + (b * heads_ + u.head) * q_len_ + u.q0;
+        for (index r = 0; r < u.rows; ++r) row_lse[r] = sm.l(r) > T(0) ? sm.lse(r) : neg_inf;
+      }
+    }
+  }
+
+  /// One tile: the unit's queries x the first `cols` keys of block `blk` (kcols: keys packed).
+  void tile_step(index b, index hk, const key_block& blk, index cols, index kcols, const query_unit& u,
+                 const const_matrix_map<T>& q_tile, const const_matrix_map<T>& k_block, const const_matrix_map<T>& v_block,
+                 const std::int64_t* k_pos, const unsigned char* k_valid,
+                 typename attention_scratch<T>::unit_state& st, attention_scratch<T>& sc) {
+    using scratch = attention_scratch<T>;
+    const index rows = u.rows;
+    const bool all_visible = blk.valid == blk.cols && (!masks_.causal || blk.pos_max <= u.q_min);
+    matrix_map<T> s(scratch::at_least(sc.scores, rows * cols), rows, cols, Eigen::OuterStride<>(cols));
+    if (u.packed) {  // S^T (keys x queries, column-major) = scale K Q^T
+      s.setZero();
+      gemm::multiply(s.data(), cols, sc.k_packed.data(), st.q_packed.data(), cols, dim_, rows, scale_, dim_,
+                     chunk_s_);
+    } else {
+      const const_matrix_map<T> q_scaled(st.q_scaled.data(), rows, dim_, Eigen::OuterStride<>(dim_));
+      s.noalias() = q_scaled * k_block.topRows(cols).transpose();
+    }
+
+    const const_matrix_map<T> k_tile(k_block.data(), cols, dim_, Eigen::OuterStride<>(k_block.outerStride()));
+    const tile<T> t{.batch = b, .head = u.head, .kv_head = hk, .q_first = u.q0, .k_first = blk.first,
+                    .rows = rows, .cols = cols, .q_pos = u.q_pos, .k_pos = k_pos + blk.first, .q = q_tile,
+                    .k = k_tile};
+    if constexpr (score_terms) enc_.add_score_terms(t, scale_, s);
+    if constexpr (position_bias) enc_.add_position_bias(t, s);
+    if (!all_visible)
+      mask_tile<T>(s, u.q_pos, k_pos + blk.first, k_valid + blk.first, blk.valid != blk.cols, masks_.causal,
+                   blk.ascending);
+
+    online_softmax<T>& sm = st.softmax;
+    matrix_map<T> acc(st.acc_out.data(), rows, vdim_, Eigen::OuterStride<>(vdim_));
+    matrix_map<T> acc_buckets(value_terms ? st.acc_buckets.data() : nullptr, rows, buckets_,
+                              Eigen::OuterStride<>(std::max<index>(buckets_, 1)));
+    if (sm.step(s)) {
+      acc = sm.alpha.asDiagonal() * acc;
+      if constexpr (value_terms) acc_buckets = sm.alpha.asDiagonal() * acc_buckets;
+    }
+    if (u.packed) {  // out^T (dv x queries) += V^T P^T
+      gemm::pack_b(scratch::at_least(sc.p_packed, rows * cols), s.data(), cols, rows, cols);
+      gemm::multiply(acc.data(), vdim_, sc.v_packed.data(), sc.p_packed.data(), vdim_, cols, rows, T(1), kcols,
+                     chunk_pv_);
+    } else {
+      acc.noalias() += s * v_block.topRows(cols);
     }
 
     if constexpr (value_terms) {
-      if (buckets_ > 0) acc.noalias() += acc_buckets * enc_.template value_table<T>(h);
-    }
-    auto dst = out_.matrix(b, h, q0, rows);
-    for (index i = 0; i < rows; ++i) {
-      if (sm.l(i) > T(0)) dst.row(i) = acc.row(i) * (T(1) / sm.l(i));
-      else dst.row(i).setZero();  // the row sees no key
-    }
-    if (lse_ != nullptr) {
-      T* row_lse = lse_ + (b * heads_ + h) * q_len_ + q0;
-      for (index i = 0; i < rows; ++i) row_lse[i] = sm.l(i) > T(0) ? sm.lse(i) : neg_inf;
+      index_tile idx(scratch::at_least(sc.buckets, rows * cols), rows, cols, Eigen::OuterStride<>(cols));
+      enc_.value_buckets(t, idx);
+      for (index i = 0; i < rows; ++i)
+        for (index j = 0; j < cols; ++j) {
+          const std::int32_t c = idx(i, j);
+          // Masked pairs (weight 0) may carry any index; a visible pair with an index outside the
+          // table is an encoding bug, reported after the call (a worker thread cannot throw). It is
+          // the one error detected after writing: `out` is then unspecified.
+          if (c < 0 || c >= buckets_) {
+            if (s(i, j) != T(0)) bad_bucket_.store(true);
+            continue;
+          }
+          acc_buckets(i, c) += s(i, j);
+        }
     }
   }
 
@@ -313,7 +484,8 @@ class fused_attention {
   const call_masks& masks_;
   T scale_;
   index q_block_, k_block_, buckets_;
-  index heads_, kv_heads_, dim_, vdim_, q_len_, k_len_, q_blocks_, k_blocks_;
+  index heads_, kv_heads_, group_, dim_, vdim_, q_len_, k_len_, q_blocks_, k_blocks_;
+  index chunk_s_ = 0, chunk_pv_ = 0, units_per_item_ = 1, units_per_group_ = 0, items_per_group_ = 0;
   std::vector<key_block> key_blocks_;
   std::unique_ptr<T[]> keys_;  // transformed keys [batch, kv_heads, k_len, dim] (Q/K transforms only)
   std::atomic<bool> bad_bucket_{false};
@@ -345,7 +517,9 @@ void attention_impl(heads_view<const T> q, heads_view<const T> k, heads_view<con
             "lse", "must not overlap q, k, v or out");
   }
   const call_masks masks = resolve_masks(opt, B, Sq, Sk);
-  auto&& bound = bind_encoding(enc, masks.info(H, Hkv, D, Dv));
+  call_info info = masks.info(H, Hkv, D, Dv);
+  info.scalar = std::is_same_v<T, double> ? scalar_type::float64 : scalar_type::float32;
+  auto&& bound = bind_encoding(enc, info);
   using bound_type = std::remove_cvref_t<decltype(bound)>;
 
   index buckets = 0;
@@ -364,7 +538,8 @@ void attention_impl(heads_view<const T> q, heads_view<const T> k, heads_view<con
   const index q_block = opt.q_block > 0 ? opt.q_block : default_q_block;
   const index k_block = opt.k_block > 0 ? opt.k_block : default_k_block;
   fused_attention<T, bound_type> kernel(q, k, v, out, lse ? lse->data() : nullptr, bound, masks,
-                                        static_cast<T>(scale), q_block, k_block, buckets);
+                                        static_cast<T>(scale), q_block, k_block, buckets,
+                                        opt.pool != nullptr ? std::max<index>(opt.pool->NumThreads(), 1) : 1);
   kernel.run(opt.pool);
 }
 

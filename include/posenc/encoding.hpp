@@ -37,9 +37,13 @@ namespace posenc {
 /// Which operand a Q/K transform is applied to.
 enum class qk_role { query, key };
 
+/// Scalar type of an attention call (so that bind builds per-call tables in that type only).
+enum class scalar_type { float32, float64 };
+
 /// What `bind` sees, once per attention call, before any tile.
 struct call_info {
   index batch = 0, heads = 0, kv_heads = 0, q_len = 0, k_len = 0, head_dim = 0, value_dim = 0;
+  scalar_type scalar = scalar_type::float32;  ///< the kernel's T: float32 for float, float64 for double
   positions_view q_positions{nullptr, 0, 0};  ///< [batch, q_len]
   positions_view k_positions{nullptr, 0, 0};  ///< [batch, k_len]
   std::int64_t q_min = 0, q_max = -1, k_min = 0, k_max = -1;  ///< position ranges (max < min: empty)

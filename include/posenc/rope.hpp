@@ -450,8 +450,8 @@ class rope {
   // ---- kernel hooks -------------------------------------------------------------------------------
 
   /// Per attention call: resolve the sequence length once — config().seq_len if set, else
-  /// max(q positions) + 1 (HF's forward derives it from the query position_ids) — and build a double
-  /// cos/sin table of the call's position range when that range is not much larger than the call's
+  /// max(q positions) + 1 (HF's forward derives it from the query position_ids) — and build a cos/sin
+  /// table (angles in double, stored in the call's scalar type) of the call's position range when that range is not much larger than the call's
   /// tokens, so the per-head transforms only stream x. Returns an immutable object.
   [[nodiscard]] rope_frequencies bind(const call_info& info) const {
     const std::int64_t L = cfg_.seq_len ? *cfg_.seq_len : std::max<std::int64_t>(info.q_max + 1, 0);
@@ -465,10 +465,14 @@ class rope {
       const std::uint64_t span = static_cast<std::uint64_t>(hi) - static_cast<std::uint64_t>(lo);
       if (span < static_cast<std::uint64_t>(2 * tokens + 64))
       {
-        // One trig pass (double), stored in both precisions the kernel may run in.
-        auto d = std::make_shared<rope_table<double>>(f.table<double>(lo, static_cast<index>(span + 1)));
-        f.call_table_f_ = std::make_shared<const rope_table<float>>(d->template converted<float>());
-        f.call_table_d_ = std::move(d);
+        // In the call's scalar type only (the angles are formed in double either way): a table in
+        // the other type too would be one more allocation and pass over [span x rotary_dim] values
+        // per call that the kernel never reads.
+        const auto count = static_cast<index>(span + 1);
+        if (info.scalar == scalar_type::float64)
+          f.call_table_d_ = std::make_shared<const rope_table<double>>(f.table<double>(lo, count));
+        else
+          f.call_table_f_ = std::make_shared<const rope_table<float>>(f.table<float>(lo, count));
       }
     }
     return f;
