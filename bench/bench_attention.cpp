@@ -79,6 +79,33 @@ void BM_fused(benchmark::State& state) {
   set_counters(state, L, d, causal, 4.0 * static_cast<double>(L) * static_cast<double>(L) * static_cast<double>(d));
 }
 
+// Decode / chunked prefill against a KV cache: `rows` new queries (positions Lk - rows .. Lk - 1,
+// causal) over Lk cached keys, GQA 32 query heads / 8 kv heads, d = 128, 1 thread. Counter
+// GFLOPs: 4 * rows * Lk * d per query head. Short query blocks (< detail::min_packed_rows) take
+// the expression path (GEMV), longer ones pack K/V; this shows where the two meet.
+void BM_decode(benchmark::State& state) {
+  const Index rows = state.range(0), Lk = state.range(1);
+  constexpr Index H = 32, Hkv = 8, d = 128;
+  const auto q = random_vector<float>(static_cast<std::size_t>(rows * H * d), 1);
+  const auto k = random_vector<float>(static_cast<std::size_t>(Lk * Hkv * d), 2);
+  const auto v = random_vector<float>(static_cast<std::size_t>(Lk * Hkv * d), 3);
+  std::vector<float> out(q.size());
+  posenc::attention_options opt;
+  opt.causal = true;
+  opt.q_offset = Lk - rows;
+  for (auto _ : state) {
+    posenc::attention<float>(posenc::bshd<const float>(q.data(), 1, rows, H, d),
+                             posenc::bshd<const float>(k.data(), 1, Lk, Hkv, d),
+                             posenc::bshd<const float>(v.data(), 1, Lk, Hkv, d), posenc::bshd(out.data(), 1, rows, H, d),
+                             posenc::no_position{}, opt);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["GFLOPs"] = benchmark::Counter(4.0 * static_cast<double>(rows * Lk * d * H) * 1e-9 *
+                                                    static_cast<double>(state.iterations()),
+                                                benchmark::Counter::kIsRate);
+}
+
 // Runs f(head) for the 8 heads, on `threads` threads (heads split evenly, no pool overhead inside).
 template <class F>
 void for_heads(Eigen::ThreadPool* pool, F&& f) {
@@ -163,6 +190,7 @@ void gemm_args(benchmark::internal::Benchmark* b) {
 }
 
 BENCHMARK(BM_fused)->Apply(fused_args)->ArgNames({"L", "d", "causal", "threads"})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_decode)->ArgsProduct({{1, 4, 8, 15, 16, 32, 64}, {4096}})->ArgNames({"rows", "Lk"})->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_gemm_qkT)->Apply(gemm_args)->ArgNames({"L", "d", "causal", "threads"})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_naive)->Apply(reference_args)->ArgNames({"L", "d", "causal", "threads"})->Unit(benchmark::kMillisecond)->UseRealTime();
 

@@ -526,13 +526,15 @@ TEST_CASE("attention: default tiles with 129 x 700 (two key blocks, partial quer
 // The packed tile products (detail/tile_gemm.hpp) reuse one packed K/V block for several query
 // blocks and cut a causal block at a multiple of the micro-panel height (48 rows in float, 24 in
 // double with AVX-512): these shapes put that cut strictly inside key blocks, give value widths
-// that leave partial panels, and mix packed query blocks with short ones (< 16 rows) that take the
-// expression path in the same work item.
+// that leave partial panels, and mix packed query blocks with a one-row block of a head without
+// GQA, which takes the expression path (GEMV), in the same work item.
 TEST_CASE("attention: packed tile products, causal cuts inside key blocks, mixed short query blocks", "[kernel]") {
   for (config c : {config{.B = 1, .Sq = 300, .Sk = 300, .H = 2, .Hkv = 1, .D = 32, .Dv = 40, .causal = true,
                           .q_block = 64, .k_block = 160},
                    config{.B = 2, .Sq = 100, .Sk = 333, .H = 3, .Hkv = 3, .D = 16, .Dv = 24, .causal = true,
                           .off = offset::q_offset, .q_block = 40, .k_block = 200},
+                   config{.B = 2, .Sq = 129, .Sk = 300, .H = 2, .Hkv = 2, .D = 16, .Dv = 24, .causal = true,
+                          .off = offset::q_offset, .q_block = 64, .k_block = 200},
                    config{.B = 2, .Sq = 70, .Sk = 250, .H = 8, .Hkv = 2, .D = 24, .Dv = 8, .causal = true,
                           .pad = padding::lengths, .off = offset::q_offset, .q_block = 64, .k_block = 128},
                    config{.B = 1, .Sq = 90, .Sk = 90, .H = 4, .Hkv = 1, .D = 8, .Dv = 56, .causal = true,

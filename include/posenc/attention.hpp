@@ -1,28 +1,35 @@
 // posenc/attention.hpp — the fused multi-head attention kernel: tiled, online softmax, every hook of
-// the encoding contract (posenc/encoding.hpp) applied inside the tile loop, threads over
-// (batch, head, query block).
+// the encoding contract (posenc/encoding.hpp) applied inside the tile loop, threads over work items
+// of (batch, kv head, up to 4 query blocks).
 //
 // For one (batch, head) and one block of queries the kernel walks the key blocks in a fixed order:
-//   S  = (scale * Q_blk) K_blk^T                           one GEMM (the scale folded into a copy of
-//                                                          Q_blk: Eigen evaluates `(Q K^T) * scale`
-//                                                          coefficient-wise, 2-5x slower)
+//   S  = scale Q_blk K_blk^T                               one GEBP product on packed operands
+//                                                          (detail/tile_gemm.hpp), the scale as the
+//                                                          product's alpha
 //   S += scale * score_terms ; S += position_bias          encoding hooks, per tile
 //   S  = -inf where not visible                            causal by positions, key padding
 //   online softmax (detail/online_softmax.hpp)             running max m, running sum l per row
 //   O  = alpha O + P V_blk ; A = alpha A + bucket mass(P)  value terms per bucket (A: rows x buckets)
-// and finally out = (O + A * table) / l, lse = m + log l. Q/K transforms run once per token before
-// the loop (keys: into a working copy per (batch, kv head); queries: into the query block's copy).
-// Nothing proportional to q_len x k_len is ever allocated: per worker O(q_block x k_block) scores
-// plus O(q_block x d) copies; per call O(batch x len) positions (and the transformed keys, O(L d)
-// per kv head, only for encodings with a Q/K transform). transform_qk receives the query head for
-// queries and the kv head for keys (each kv head is transformed once, not once per query head).
+// and finally out = (O + A * table) / l, lse = m + log l.
 //
-// Threads: options.pool (an Eigen::ThreadPoolInterface, detail/thread.hpp) runs the work items
-// (batch, head, query block); each item is computed by one thread with a fixed key-block order, so
-// the result is bitwise identical for any thread count. The tile products are single-threaded: the
-// kernel never calls Eigen::setNbThreads. (A program built with -fopenmp should call
-// Eigen::setNbThreads(1) or define EIGEN_DONT_PARALLELIZE when it passes a pool, or Eigen would split
-// every tile product over OpenMP threads on top of the pool's.)
+// A work item holds up to default_units_per_item query blocks ("units") of one kv head (several
+// query heads under GQA): each K/V block is packed once for all of them and each query block once
+// for all key blocks, instead of both operands once per tile as `Q * K.transpose()` would do. Query
+// blocks of one row without GQA (MHA decode steps) multiply through Eigen expressions (GEMV).
+// Q/K transforms run once per token: keys before the loop into a working copy per (batch, kv head),
+// queries into the unit's copy. transform_qk receives the query head for queries and the kv head
+// for keys (each kv head is transformed once, not once per query head).
+// Nothing proportional to q_len x k_len is ever allocated: per worker O(units x q_block x d) query
+// copies and O(q_block x k_block) scores; per call O(batch x len) positions (and the transformed
+// keys, O(L d) per kv head, only for encodings with a Q/K transform).
+//
+// Threads: options.pool (an Eigen::ThreadPoolInterface, detail/thread.hpp) runs the work items;
+// each item is computed by one thread with a fixed key-block order, and how units are grouped into
+// items never changes a unit's arithmetic, so the result is bitwise identical for any thread count.
+// The tile products are single-threaded: the kernel never calls Eigen::setNbThreads. (A program
+// built with -fopenmp should call Eigen::setNbThreads(1) or define EIGEN_DONT_PARALLELIZE when it
+// passes a pool, or Eigen would split every expression-path product over OpenMP threads on top of
+// the pool's.)
 #pragma once
 
 #include <algorithm>
@@ -53,27 +60,26 @@ namespace posenc {
 
 namespace detail {
 
-template <class T>
-using row_matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-
 // Default tile sizes, chosen by measurement (docs/performance.md; clang 14 -O3 -march=native,
-// float, H = 8, 1 thread). Every product re-packs its operands (Eigen's GEMM cannot keep a packed
-// K or V block across calls) and a profile puts packing at ~1/4 of the kernel's time, so a taller
-// query block (K and V packed once per 256 query rows instead of 128) pays off; the key block then
-// stays at 256 so the 256 x 256 score tile is as small as 128 x 512 (256 KiB in float, in L2 with
-// the K/V blocks). Measured ms per call, 128 x 512 -> 256 x 256, same process order, twice:
-//   L = 2048, d = 128 dense 203/179 -> 176/169, causal 108/104 -> 111/105;
-//   L = 512,  d = 128 dense 13.3/12.0 -> 11.2/9.84, causal 8.6/7.5 -> 8.6/8.0;
-//   L = 2048, d = 64  dense 115/106 -> 101/96,  causal 61.5/58.2 -> 58.3/57.1.
-// Blocks of 64 rows were 20-60 % slower, key blocks of 1024 15-25 % slower (the score tile leaves
-// L2), and 256 x 384 / 256 x 288 / 128 x 384 did not beat these.
+// float, H = 8, 1 thread). With the expression-based products (every operand re-packed per tile)
+// 256 x 256 beat 128 x 512, 64-row blocks (20-60 % slower), 1024-key blocks (15-25 % slower: the
+// score tile leaves L2) and 256 x 384 / 256 x 288 / 128 x 384. With the packed products, key blocks
+// of 192, 240, 288 and 384 were within the VM's noise (+-6 %) of 256 at L = 512 and 2048, d = 128.
 inline constexpr index default_q_block = 256;
 inline constexpr index default_k_block = 256;
-/// Query blocks (of one kv head) per work item: they share each K/V block's packing.
+/// Query blocks (of one kv head) per work item: they share each K/V block's packing. Measured ms at
+/// L = 2048, d = 128, 1 thread (two runs, same process order), units 1 -> 2 -> 4 -> 8: dense
+/// 179/189 -> 174/182 -> 159/166 -> 171/161, causal 98/113 -> 101/97 -> 94/93 -> 97/91; 4 keeps
+/// the item's state (4 x (packed Q + output) = 512 KiB in float) well inside the 2 MiB L2.
 inline constexpr index default_units_per_item = 4;
-/// Below this many rows a query block multiplies through Eigen's expressions (a GEMV for one row)
-/// instead of packing K and V for it.
-inline constexpr index min_packed_rows = 16;
+/// Whether a query block multiplies on packed operands. Packing K/V for a single query row pays
+/// only when other query heads share the packed block (GQA): measured on BM_decode (Lk = 4096,
+/// d = 128, float, 1 thread, ms per step, expression path -> packed), 32 heads over 8 kv heads:
+/// 1 row 9.5 -> 7.7, 4 rows 18.8 -> 8.7, 15 rows 28.4 -> 20.5; 32 heads over 32 kv heads: 1 row
+/// 23.1/23.7/23.0/20.5 -> 33.8/31.9/29.1/28.0 (so 1-row blocks without GQA keep the GEMV), 4 rows
+/// 61/46 -> 53/34, 15 rows 88/45 -> 52/36. The rule depends only on the problem's shape, never on the
+/// grouping of work items (which follows the thread count), so results stay thread-count invariant.
+[[nodiscard]] inline bool packed_products(index rows, index group) { return rows >= 2 || group >= 2; }
 
 /// Summary of one key block of one batch row: lets the kernel skip blocks nothing can see and
 /// avoid masking blocks everything sees.
@@ -327,7 +333,7 @@ class fused_attention {
       const auto [lo, hi] = std::minmax_element(u.q_pos, u.q_pos + u.rows);
       u.q_min = *lo;
       u.q_max = *hi;
-      u.packed = u.rows >= min_packed_rows;
+      u.packed = packed_products(u.rows, group_);
       auto& st = sc.units[static_cast<std::size_t>(i)];
       q_tiles[static_cast<std::size_t>(i)].emplace(prepare_queries(b, u, st));
       scratch::at_least(st.acc_out, u.rows * vdim_);
