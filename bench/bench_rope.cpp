@@ -8,6 +8,7 @@
 // Compare ratios from one run: apply bytes/s over triad bytes/s at the same S (docs/rope.md).
 #include <benchmark/benchmark.h>
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -85,6 +86,45 @@ void BM_rope_apply(benchmark::State& state) {
   set_counters(state, static_cast<double>(n), 2.0 * static_cast<double>(n) * sizeof(float) + table_bytes);
 }
 
+/// Baseline in the same binary: ggml's CPU rope algorithm (ggml-cpu `ggml_compute_forward_rope`,
+/// re-implemented from its description, default scaling, one thread). Per token it fills a cache of
+/// cos/sin for every pair from theta = p, multiplied by theta_scale = base^(-2/d) after each pair, in
+/// float with cosf/sinf, then rotates every head out of place into dst: normal mode pairs (2i, 2i+1)
+/// (our `interleaved`), NeoX mode pairs (i, i + d/2) (our `half`). It recomputes the trig on every
+/// call; ours reads a table built once. args: S, layout (0 NeoX / half, 1 normal / interleaved).
+void BM_rope_ggml_style(benchmark::State& state) {
+  const auto S = state.range(0);
+  const bool normal = state.range(1) != 0;
+  const std::size_t n = static_cast<std::size_t>(S * H * D);
+  const std::vector<float> x = random_floats(n, 3);
+  std::vector<float> dst(n), cache(static_cast<std::size_t>(D));
+  const float theta_scale = std::pow(5e5f, -2.0f / static_cast<float>(D));
+  for (auto _ : state) {
+    for (posenc::index s = 0; s < S; ++s) {
+      float theta = static_cast<float>(s);
+      for (posenc::index i = 0; i < D; i += 2) {
+        cache[static_cast<std::size_t>(i)] = std::cos(theta);
+        cache[static_cast<std::size_t>(i + 1)] = std::sin(theta);
+        theta *= theta_scale;
+      }
+      for (posenc::index h = 0; h < H; ++h) {
+        const float* src = x.data() + (s * H + h) * D;
+        float* out = dst.data() + (s * H + h) * D;
+        for (posenc::index i = 0; i < D; i += 2) {
+          const float c = cache[static_cast<std::size_t>(i)], sn = cache[static_cast<std::size_t>(i + 1)];
+          const posenc::index a = normal ? i : i / 2, b = normal ? i + 1 : i / 2 + D / 2;
+          const float x0 = src[a], x1 = src[b];
+          out[a] = x0 * c - x1 * sn;
+          out[b] = x0 * sn + x1 * c;
+        }
+      }
+    }
+    benchmark::DoNotOptimize(dst.data());
+    benchmark::ClobberMemory();
+  }
+  set_counters(state, static_cast<double>(n), 2.0 * static_cast<double>(n) * sizeof(float));
+}
+
 /// Building a table: cos/sin pairs per second (counter pairs_per_second).
 void BM_rope_table_build(benchmark::State& state) {
   const auto S = state.range(0);
@@ -130,6 +170,7 @@ void apply_args(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_triad)->Arg(128)->Arg(1024)->Arg(8192)->Arg(32768)->ArgName("S");
 BENCHMARK(BM_rope_apply)->Apply(apply_args);
+BENCHMARK(BM_rope_ggml_style)->ArgsProduct({{128, 1024, 8192, 32768}, {0, 1}})->ArgNames({"S", "interleaved"});
 BENCHMARK(BM_rope_table_build)->Arg(8192)->ArgName("S");
 BENCHMARK(BM_attention)->Args({1024, 0})->Args({1024, 1})->Args({2048, 0})->Args({2048, 1})->ArgNames({"L", "rope"})
     ->Unit(benchmark::kMillisecond);

@@ -13,6 +13,8 @@
 //  add_to(tensor_map<T,3> x, positions_view pos)                 input encoding: x[b,s,:] += PE(pos)
 //  transform_qk(qk_role, index head, span<const int64> pos,      Q/K transform, once per token
 //               matrix_map<T> x)                                 (x: [tokens x head_dim], in place)
+//    optionally also (..., const_matrix_map<T> in,               the same, out of place (the kernel
+//               matrix_map<T> out)                               then skips its copy of the input)
 //  add_score_terms(const tile<T>&, T scale, matrix_map<T> s)     score term inside the scale:
 //                                                                s += scale * term(q_i, k_j, i, j)
 //  add_position_bias(const tile<T>&, matrix_map<T> s)            position-only bias after the scale
@@ -73,6 +75,14 @@ concept has_input_encoding = requires(const E& e, tensor_map<T, 3> x, positions_
 template <class E, class T>
 concept has_qk_transform = requires(const E& e, qk_role r, index h, std::span<const std::int64_t> p,
                                     matrix_map<T> x) { e.transform_qk(r, h, p, x); };
+
+/// Optional out-of-place form of a Q/K transform: out = transform(in), both [tokens x head_dim]
+/// (in: the caller's strided rows). The kernel prefers it to a copy followed by the in-place form:
+/// one pass over the caller's buffer instead of two.
+template <class E, class T>
+concept has_qk_transform_copy =
+    has_qk_transform<E, T> && requires(const E& e, qk_role r, index h, std::span<const std::int64_t> p,
+                                       const_matrix_map<T> in, matrix_map<T> out) { e.transform_qk(r, h, p, in, out); };
 
 template <class E, class T>
 concept has_score_terms = requires(const E& e, const tile<T>& t, T scale, matrix_map<T> s) {

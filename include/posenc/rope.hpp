@@ -211,11 +211,22 @@ class rope_frequencies {
   /// place, token r at position pos[r]. Uses the call's table when bind() built one.
   template <class T>
   void transform_qk(qk_role role, index head, std::span<const std::int64_t> pos, matrix_map<T> x) const {
+    transform_qk(role, head, pos, const_matrix_map<T>(x.data(), x.rows(), x.cols(), Eigen::OuterStride<>(x.outerStride())),
+                 x);
+  }
+
+  /// The same out of place: out = rotated in (the pass-through tail copied), in and out [tokens x
+  /// head_dim] with their own row strides (in may be out).
+  template <class T>
+  void transform_qk(qk_role role, index head, std::span<const std::int64_t> pos, const_matrix_map<T> in,
+                    matrix_map<T> out) const {
     (void)role;  // q and k rotate alike
     (void)head;  // and every head alike
-    require(x.cols() == head_dim_, "x", "columns must equal head_dim", x.cols(), " vs ", head_dim_);
-    require(static_cast<index>(pos.size()) == x.rows(), "pos", "must have one position per row", pos.size(),
-            " positions for ", x.rows(), " rows");
+    require(in.cols() == head_dim_ && out.cols() == head_dim_, "x", "columns must equal head_dim", in.cols(),
+            " and ", out.cols(), " vs ", head_dim_);
+    require(in.rows() == out.rows(), "x", "in and out must have the same rows", in.rows(), " vs ", out.rows());
+    require(static_cast<index>(pos.size()) == in.rows(), "pos", "must have one position per row", pos.size(),
+            " positions for ", in.rows(), " rows");
     const index w = width();
     constexpr index small = 1024;
     std::array<T, small> stack;  // no zero fill: every use writes the row first
@@ -225,16 +236,25 @@ class rope_frequencies {
       heap.resize(static_cast<std::size_t>(w));
       row = heap.data();
     }
-    for (index r = 0; r < x.rows(); ++r) {
+    const auto& table = call_table<T>();
+    const bool il = interleaved();
+    // The kernel passes the caller's rows (a new page every row in BSHD): fetching a few rows ahead
+    // keeps several rows' misses in flight instead of one row's.
+    constexpr index ahead = 4;
+    const index row_bytes = head_dim_ * static_cast<index>(sizeof(T));
+    for (index r = 0; r < in.rows(); ++r) {
+      if (r + ahead < in.rows()) {
+        const char* next = reinterpret_cast<const char*>(in.data() + (r + ahead) * in.outerStride());
+        for (index o = 0; o < row_bytes; o += 64) __builtin_prefetch(next + o, 0, 3);
+      }
       const std::int64_t p = pos[static_cast<std::size_t>(r)];
       const T* use = row;
-      const auto& table = call_table<T>();
-      if (table && table->contains(p)) {
-        use = table->row(p);
-      } else {
-        fill_row(p, row, attention_factor_);
-      }
-      detail::rotate_row_inplace(x.data() + r * x.outerStride(), use, rotary_dim_, interleaved());
+      if (table && table->contains(p)) use = table->row(p);
+      else fill_row(p, row, attention_factor_);
+      const T* src = in.data() + r * in.outerStride();
+      T* dst = out.data() + r * out.outerStride();
+      if (src == dst) detail::rotate_row_inplace(dst, use, rotary_dim_, il);
+      else detail::rotate_row_copy(src, dst, use, rotary_dim_, head_dim_, il);
     }
   }
 
