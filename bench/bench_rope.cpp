@@ -5,7 +5,8 @@
 // place or out of place alike: out of place reads in and writes out), plus one pass over the cos/sin
 // table when one is used; the triad a = b + s c moves 3 arrays of the same element count as x.
 // Counter `s_per_elem` is seconds per element of x (printed with SI prefixes: 180p = 0.18 ns).
-// Compare ratios from one run: apply bytes/s over triad bytes/s at the same S (docs/rope.md).
+// Compare ratios from one run: apply bytes/s over triad bytes/s at the same S, and apply against
+// BM_rope_ggml_style (ggml's CPU rope algorithm, the comparison) at the same S (docs/rope.md).
 #include <benchmark/benchmark.h>
 
 #include <cmath>
