@@ -186,6 +186,7 @@ struct attention_scratch {
     online_softmax<T> softmax;
   };
   std::vector<unit_state> units;
+  buffer k_work;  ///< a transformed key block (Q/K transforms, when one item has the kv head alone)
   buffer k_packed, v_packed, p_packed, scores;
   Eigen::Matrix<std::int32_t, Eigen::Dynamic, 1> buckets;
   std::vector<block_plan> plan;  ///< the current item's key blocks
@@ -237,9 +238,9 @@ class fused_attention {
   }
 
   void run(Eigen::ThreadPoolInterface* pool) {
-    if constexpr (transforms) {
-      // Uninitialized: each key block is written by its transform before any read (a zero fill
-      // would be one more pass over O(batch x kv_heads x L x d) memory per call).
+    if (transforms && items_per_group_ > 1) {
+      // Shared by the items of a kv head. Uninitialized: each key block is written by its transform
+      // before any read (a zero fill would be one more pass over O(batch x kv_heads x L x d) memory).
       keys_ = std::make_unique_for_overwrite<T[]>(static_cast<std::size_t>(q_.batch() * kv_heads_ * k_len_ * dim_));
       key_state_ = std::make_unique<std::atomic<std::uint8_t>[]>(static_cast<std::size_t>(q_.batch() * kv_heads_ * k_blocks_));
     }
@@ -392,8 +393,23 @@ class fused_attention {
       const key_block& blk = *p.block;
       const index kcols = p.kcols;
       // The block's keys and values, packed once for all units.
-      if constexpr (transforms) ensure_keys(b, hk, p.kb);
-      const const_matrix_map<T> k_tile = keys(b, hk, blk.first, kcols);
+      const const_matrix_map<T> k_tile = [&] {
+        if constexpr (transforms) {
+          if (items_per_group_ == 1) {
+            // This item is the only one of its kv head: the block goes to the worker's own
+            // cache-resident buffer, not to the shared copy of K (whose lines would go to memory and
+            // back: about half of RoPE's cost in attention at L = 1024, docs/rope.md).
+            const key_block& full = *p.block;
+            matrix_map<T> kt(scratch::at_least(sc.k_work, full.cols * dim_), full.cols, dim_,
+                             Eigen::OuterStride<>(dim_));
+            transform_into(qk_role::key, hk, std::span<const std::int64_t>(k_pos + full.first, full.cols),
+                           k_.matrix(b, hk, full.first, full.cols), kt);
+            return const_matrix_map<T>(kt.data(), kcols, dim_, Eigen::OuterStride<>(dim_));
+          }
+          ensure_keys(b, hk, p.kb);
+        }
+        return keys(b, hk, blk.first, kcols);
+      }();
       const const_matrix_map<T> v_tile = v_.matrix(b, hk, blk.first, kcols);
       if (p.any_packed) {
         gemm::pack_a(scratch::at_least(sc.k_packed, kcols * dim_), k_tile.data(), k_tile.outerStride(), kcols, dim_);
