@@ -158,32 +158,11 @@ inline void rotate_half_copy(const T* __restrict in, T* __restrict out, const T*
 // must not be loop-vectorized (clang would gather across blocks), hence the pragma.
 inline constexpr index interleaved_block = 16;
 
-/// Interleaved layout, in place: pairs (2k, 2k+1).
+/// Interleaved layout: out = rotated in. out may be in (in place): each block is loaded whole before
+/// it is stored, so in and out carry no __restrict (the SLP vectorization of the block does not
+/// need it, verified with -Rpass=slp-vectorizer, docs/rope.md).
 template <class T>
-inline void rotate_interleaved_inplace(T* __restrict x, const T* __restrict cc, const T* __restrict ss, index h) {
-  constexpr index B = interleaved_block;
-  const index n = 2 * h;
-  index j0 = 0;
-#if defined(__clang__)
-#pragma clang loop vectorize(disable) interleave(disable)
-#endif
-  for (; j0 + B <= n; j0 += B) {
-    T v[B], sw[B];
-    for (index j = 0; j < B; ++j) v[j] = x[j0 + j];
-    for (index j = 0; j < B; ++j) sw[j] = v[j ^ 1];
-    for (index j = 0; j < B; ++j) x[j0 + j] = v[j] * cc[j0 + j] + sw[j] * ss[j0 + j];
-  }
-  for (; j0 < n; j0 += 2) {  // the last < 8 pairs
-    const T a = x[j0], b = x[j0 + 1];
-    x[j0] = a * cc[j0] + b * ss[j0];
-    x[j0 + 1] = b * cc[j0 + 1] + a * ss[j0 + 1];
-  }
-}
-
-/// Interleaved layout, out of place.
-template <class T>
-inline void rotate_interleaved_copy(const T* __restrict in, T* __restrict out, const T* __restrict cc,
-                                    const T* __restrict ss, index h) {
+inline void rotate_interleaved(const T* in, T* out, const T* __restrict cc, const T* __restrict ss, index h) {
   constexpr index B = interleaved_block;
   const index n = 2 * h;
   index j0 = 0;
@@ -207,7 +186,7 @@ inline void rotate_interleaved_copy(const T* __restrict in, T* __restrict out, c
 template <class T>
 inline void rotate_row_inplace(T* x, const T* row, index rotary_dim, bool interleaved) {
   const index h = rotary_dim / 2;
-  if (interleaved) rotate_interleaved_inplace(x, row, row + rotary_dim, h);
+  if (interleaved) rotate_interleaved(x, x, row, row + rotary_dim, h);
   else rotate_half_inplace(x, x + h, row, row + h, h);
 }
 
@@ -215,7 +194,7 @@ inline void rotate_row_inplace(T* x, const T* row, index rotary_dim, bool interl
 template <class T>
 inline void rotate_row_copy(const T* in, T* out, const T* row, index rotary_dim, index head_dim, bool interleaved) {
   const index h = rotary_dim / 2;
-  if (interleaved) rotate_interleaved_copy(in, out, row, row + rotary_dim, h);
+  if (interleaved) rotate_interleaved(in, out, row, row + rotary_dim, h);
   else rotate_half_copy(in, out, row, row + h, h);
   for (index j = rotary_dim; j < head_dim; ++j) out[j] = in[j];
 }
