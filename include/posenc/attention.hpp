@@ -50,6 +50,7 @@
 
 #include "posenc/detail/mask.hpp"
 #include "posenc/detail/online_softmax.hpp"
+#include "posenc/detail/prefetch.hpp"
 #include "posenc/detail/thread.hpp"
 #include "posenc/detail/tile_gemm.hpp"
 #include "posenc/encoding.hpp"
@@ -147,25 +148,8 @@ template <class A, class B>
   return std::less<const char*>{}(x0, y1) && std::less<const char*>{}(y0, x1);
 }
 
-/// Prefetches the rows of a strided host matrix into L2 (for_write: with intent to write), one
-/// instruction per cache line.
-template <class M>
-void prefetch_rows(const M& m, bool for_write) {
-  using scalar = typename M::Scalar;
-  constexpr index line = 64;
-  const index bytes = m.cols() * static_cast<index>(sizeof(scalar));
-  for (index r = 0; r < m.rows(); ++r) {
-    const char* p = reinterpret_cast<const char*>(m.data() + r * m.outerStride());
-    if (for_write)
-      for (index o = 0; o < bytes; o += line) __builtin_prefetch(p + o, 1, 2);
-    else
-      for (index o = 0; o < bytes; o += line) __builtin_prefetch(p + o, 0, 2);
-  }
-}
-
 /// A key block some unit of a work item sees: the keys it provides (kcols) and each unit's share.
 struct block_plan {
-  const key_block* block = nullptr;
   index kb = 0;  ///< its index in the batch row's key blocks
   index kcols = 0;
   bool any_packed = false;
@@ -276,7 +260,7 @@ class fused_attention {
     if (state.load(std::memory_order_acquire) == done) return;
     std::uint8_t expected = todo;
     if (state.compare_exchange_strong(expected, busy, std::memory_order_acq_rel)) {
-      const key_block& blk = key_blocks_[static_cast<std::size_t>(b * k_blocks_ + kb)];
+      const key_block& blk = block_of(b, kb);
       transform_into(qk_role::key, hk, std::span<const std::int64_t>(masks_.kp(b) + blk.first, blk.cols),
                      k_.matrix(b, hk, blk.first, blk.cols),
                      matrix_map<T>(keys_.get() + ((b * kv_heads_ + hk) * k_len_ + blk.first) * dim_, blk.cols, dim_,
@@ -294,6 +278,10 @@ class fused_attention {
                                  Eigen::OuterStride<>(dim_));
     else
       return k_.matrix(b, hk, first, count);
+  }
+
+  [[nodiscard]] const key_block& block_of(index b, index kb) const {
+    return key_blocks_[static_cast<std::size_t>(b * k_blocks_ + kb)];
   }
 
   [[nodiscard]] attention_scratch<T> make_scratch() const {
@@ -375,9 +363,9 @@ class fused_attention {
     std::vector<block_plan>& plan = sc.plan;
     plan.clear();
     for (index kb = 0; kb < k_blocks_; ++kb) {
-      const key_block& blk = key_blocks_[static_cast<std::size_t>(b * k_blocks_ + kb)];
+      const key_block& blk = block_of(b, kb);
       if (blk.valid == 0) continue;  // every key is padding
-      block_plan p{.block = &blk, .kb = kb};
+      block_plan p{.kb = kb};
       for (index i = 0; i < n_units; ++i) {
         const query_unit& u = units[static_cast<std::size_t>(i)];
         if (causal && blk.pos_min > u.q_max) continue;  // above the causal diagonal: nothing visible
@@ -390,7 +378,7 @@ class fused_attention {
 
     for (std::size_t pi = 0; pi < plan.size(); ++pi) {
       const block_plan& p = plan[pi];
-      const key_block& blk = *p.block;
+      const key_block& blk = block_of(b, p.kb);
       const index kcols = p.kcols;
       // The block's keys and values, packed once for all units.
       const const_matrix_map<T> k_tile = [&] {
@@ -399,11 +387,10 @@ class fused_attention {
             // This item is the only one of its kv head: the block goes to the worker's own
             // cache-resident buffer, not to the shared copy of K (whose lines would go to memory and
             // back: about half of RoPE's cost in attention at L = 1024, docs/rope.md).
-            const key_block& full = *p.block;
-            matrix_map<T> kt(scratch::at_least(sc.k_work, full.cols * dim_), full.cols, dim_,
+            matrix_map<T> kt(scratch::at_least(sc.k_work, blk.cols * dim_), blk.cols, dim_,
                              Eigen::OuterStride<>(dim_));
-            transform_into(qk_role::key, hk, std::span<const std::int64_t>(k_pos + full.first, full.cols),
-                           k_.matrix(b, hk, full.first, full.cols), kt);
+            transform_into(qk_role::key, hk, std::span<const std::int64_t>(k_pos + blk.first, blk.cols),
+                           k_.matrix(b, hk, blk.first, blk.cols), kt);
             return const_matrix_map<T>(kt.data(), kcols, dim_, Eigen::OuterStride<>(dim_));
           }
           ensure_keys(b, hk, p.kb);
@@ -431,8 +418,9 @@ class fused_attention {
         if (c == 0) continue;
         if (next != nullptr) {
           const index n = next->kcols, r0 = n * slice / visible, r1 = n * (slice + 1) / visible;
-          prefetch_rows(k_.matrix(b, hk, next->block->first + r0, r1 - r0), false);  // what K's transform reads
-          prefetch_rows(v_.matrix(b, hk, next->block->first + r0, r1 - r0), false);
+          const index first = block_of(b, next->kb).first + r0;
+          prefetch_rows(k_.matrix(b, hk, first, r1 - r0), false);  // what K's transform reads
+          prefetch_rows(v_.matrix(b, hk, first, r1 - r0), false);
         } else {
           const query_unit& u = units[static_cast<std::size_t>(i)];
           prefetch_rows(out_.matrix(b, u.head, u.q0, u.rows), true);

@@ -26,6 +26,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "posenc/detail/prefetch.hpp"
 #include "posenc/detail/rope_kernels.hpp"
 #include "posenc/encoding.hpp"
 #include "posenc/error.hpp"
@@ -243,10 +244,7 @@ class rope_frequencies {
     constexpr index ahead = 4;
     const index row_bytes = head_dim_ * static_cast<index>(sizeof(T));
     for (index r = 0; r < in.rows(); ++r) {
-      if (r + ahead < in.rows()) {
-        const char* next = reinterpret_cast<const char*>(in.data() + (r + ahead) * in.outerStride());
-        for (index o = 0; o < row_bytes; o += 64) __builtin_prefetch(next + o, 0, 3);
-      }
+      if (r + ahead < in.rows()) detail::prefetch_bytes(in.data() + (r + ahead) * in.outerStride(), row_bytes, false);
       const std::int64_t p = pos[static_cast<std::size_t>(r)];
       const T* use = row;
       if (table && table->contains(p)) use = table->row(p);
