@@ -17,28 +17,23 @@
 #include <random>
 #include <vector>
 
+#include "random.hpp"
+
 namespace {
 
 using Index = posenc::index;
 constexpr Index kHeads = 8;
 
-template <class T>
-std::vector<T> random_vector(std::size_t n, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<T> v(n);
-  for (auto& e : v) e = static_cast<T>(nd(rng));
-  return v;
-}
+using bench_util::random_vector;
 
 struct inputs {
   Index L, d;
   std::vector<float> q, k, v, out;
   inputs(Index len, Index dim) : L(len), d(dim) {
     const auto n = static_cast<std::size_t>(L * kHeads * d);
-    q = random_vector<float>(n, 1);
-    k = random_vector<float>(n, 2);
-    v = random_vector<float>(n, 3);
+    q = random_vector(n, 1);
+    k = random_vector(n, 2);
+    v = random_vector(n, 3);
     out.assign(n, 0.f);
   }
   [[nodiscard]] posenc::heads_view<const float> Q() const { return posenc::bshd<const float>(q.data(), 1, L, kHeads, d); }
@@ -86,9 +81,9 @@ void BM_fused(benchmark::State& state) {
 void BM_decode(benchmark::State& state) {
   const Index rows = state.range(0), Lk = state.range(1);
   constexpr Index H = 32, Hkv = 8, d = 128;
-  const auto q = random_vector<float>(static_cast<std::size_t>(rows * H * d), 1);
-  const auto k = random_vector<float>(static_cast<std::size_t>(Lk * Hkv * d), 2);
-  const auto v = random_vector<float>(static_cast<std::size_t>(Lk * Hkv * d), 3);
+  const auto q = random_vector(static_cast<std::size_t>(rows * H * d), 1);
+  const auto k = random_vector(static_cast<std::size_t>(Lk * Hkv * d), 2);
+  const auto v = random_vector(static_cast<std::size_t>(Lk * Hkv * d), 3);
   std::vector<float> out(q.size());
   posenc::attention_options opt;
   opt.causal = true;

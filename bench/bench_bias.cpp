@@ -19,18 +19,14 @@
 #include <string>
 #include <vector>
 
+#include "random.hpp"
+
 namespace {
 
 using Index = posenc::index;
 constexpr Index kHeads = 8, kDim = 128;
 
-std::vector<float> random_vector(std::size_t n, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<float> v(n);
-  for (auto& e : v) e = nd(rng);
-  return v;
-}
+using bench_util::random_vector;
 
 struct inputs {
   Index L;

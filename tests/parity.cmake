@@ -39,23 +39,24 @@ foreach(_case IN LISTS _cases)
 endforeach()
 message(STATUS "posenc: ${_count} golden cases registered for parity")
 
+# posenc_parity_must_fail(<name> <case file> <regex>): posenc-run --check on the case must print a
+# line matching <regex> (test parity.<name>) and exit non-zero (test parity.<name>_exit_status).
+function(posenc_parity_must_fail name file regex)
+  if(NOT EXISTS ${file})
+    return()
+  endif()
+  add_test(NAME parity.${name} COMMAND posenc-run --check ${file})
+  set_tests_properties(parity.${name} PROPERTIES LABELS parity PASS_REGULAR_EXPRESSION "${regex}")
+  add_test(NAME parity.${name}_exit_status COMMAND posenc-run --check ${file})
+  set_tests_properties(parity.${name}_exit_status PROPERTIES LABELS parity WILL_FAIL TRUE)
+endfunction()
+
 # A kind posenc-run does not know must fail with a message naming it.
-set(_unknown ${CMAKE_CURRENT_SOURCE_DIR}/data/shaw_k8_bidirectional_right_padded.json)
-if(EXISTS ${_unknown})
-  add_test(NAME parity.unknown_kind_is_named COMMAND posenc-run --check ${_unknown})
-  set_tests_properties(parity.unknown_kind_is_named PROPERTIES LABELS parity
-                       PASS_REGULAR_EXPRESSION "unknown kind 'shaw'")
-  add_test(NAME parity.unknown_kind_exit_status COMMAND posenc-run --check ${_unknown})
-  set_tests_properties(parity.unknown_kind_exit_status PROPERTIES LABELS parity WILL_FAIL TRUE)
-endif()
+posenc_parity_must_fail(unknown_kind_is_named ${CMAKE_CURRENT_SOURCE_DIR}/data/shaw_k8_bidirectional_right_padded.json
+                        "unknown kind 'shaw'")
 
 # posenc-run must be able to fail: the same tensors as alibi_8_heads_causal_prefill with an
 # impossible tolerance on `out` (tests/data/parity_selftest/) must be reported and exit 1.
-set(_tight ${CMAKE_CURRENT_SOURCE_DIR}/data/parity_selftest/selftest_alibi_impossible_tolerance.json)
-if(EXISTS ${_tight})
-  add_test(NAME parity.selftest_reports_mismatch COMMAND posenc-run --check ${_tight})
-  set_tests_properties(parity.selftest_reports_mismatch PROPERTIES LABELS parity
-                       PASS_REGULAR_EXPRESSION "out +F64 .*FAIL: [0-9]+ elements beyond")
-  add_test(NAME parity.selftest_exit_status COMMAND posenc-run --check ${_tight})
-  set_tests_properties(parity.selftest_exit_status PROPERTIES LABELS parity WILL_FAIL TRUE)
-endif()
+posenc_parity_must_fail(selftest_reports_mismatch
+                        ${CMAKE_CURRENT_SOURCE_DIR}/data/parity_selftest/selftest_alibi_impossible_tolerance.json
+                        "out +F64 .*FAIL: [0-9]+ elements beyond")

@@ -11,6 +11,7 @@
 #include "posenc/alibi.hpp"
 #include "posenc/attention.hpp"
 #include "posenc/reference.hpp"
+#include "random.hpp"
 
 using idx = posenc::index;
 using posenc::alibi_form;
@@ -57,14 +58,6 @@ double closed_bias(alibi_form form, double m, std::int64_t qp, std::int64_t kp) 
       return m * double(kp);
   }
   return 0;
-}
-
-std::vector<double> randn(std::size_t n, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<double> nd;
-  std::vector<double> v(n);
-  for (auto& e : v) e = nd(rng);
-  return v;
 }
 
 alibi_form form_of(const std::string& s) {
@@ -213,9 +206,9 @@ struct fused_case {
 template <class T>
 void run_fused(const fused_case& fc) {
   INFO(fc.what);
-  const auto qd = randn(static_cast<std::size_t>(fc.B * fc.Sq * fc.H * fc.D), 11);
-  const auto kd = randn(static_cast<std::size_t>(fc.B * fc.Sk * fc.Hkv * fc.D), 12);
-  const auto vd = randn(static_cast<std::size_t>(fc.B * fc.Sk * fc.Hkv * fc.D), 13);
+  const auto qd = test_util::randn(static_cast<std::size_t>(fc.B * fc.Sq * fc.H * fc.D), 11);
+  const auto kd = test_util::randn(static_cast<std::size_t>(fc.B * fc.Sk * fc.Hkv * fc.D), 12);
+  const auto vd = test_util::randn(static_cast<std::size_t>(fc.B * fc.Sk * fc.Hkv * fc.D), 13);
   std::vector<std::int64_t> pad(static_cast<std::size_t>(fc.B * fc.Sk), 0);
   if (fc.padded)  // right padding of a different length per batch row
     for (idx b = 0; b < fc.B; ++b)
@@ -264,7 +257,7 @@ TEMPLATE_TEST_CASE("alibi: fused kernel equals the reference with the bias mater
 
 TEST_CASE("alibi: a head count that differs from the call's is an error before any write", "[alibi][errors]") {
   const idx B = 1, S = 4, H = 4, D = 8;
-  const auto q = randn(static_cast<std::size_t>(B * S * H * D), 1);
+  const auto q = test_util::randn(static_cast<std::size_t>(B * S * H * D), 1);
   std::vector<double> out(q.size(), 3.0);
   posenc::alibi enc({.heads = 8});
   CHECK_THROWS_WITH(

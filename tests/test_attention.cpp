@@ -208,6 +208,14 @@ void check_case(const config& c, const E& enc = {}, const posenc::reference_term
   expect_close<T>(got.lse, want.lse, "lse");
 }
 
+// check_case in double and in float.
+template <class E, class QK = std::nullptr_t>
+void check_both(const config& c, const E& enc = {}, const posenc::reference_terms<double>& terms = {},
+                QK qk = nullptr) {
+  check_case<double>(c, enc, terms, qk);
+  check_case<float>(c, enc, terms, qk);
+}
+
 // The resolved positions of a problem (the test encodings' reference callables read them).
 posenc::detail::call_masks masks_of(const problem& p) {
   return posenc::detail::resolve_masks(p.options(), p.c.B, p.c.Sq, p.c.Sk);
@@ -507,24 +515,14 @@ TEST_CASE("attention: plain, small sizes, every option combination, float", "[ke
 
 TEST_CASE("attention: plain, large sizes (covering subset), double and float", "[kernel]") {
   for (const config& c : large_configs()) {
-    check_case<double>(c, posenc::no_position{});
-    check_case<float>(c, posenc::no_position{});
+    check_both(c, posenc::no_position{});
   }
 }
 
 TEST_CASE("attention: default tiles with 129 x 700 (two key blocks, partial query block)", "[kernel]") {
-  config c;
-  c.B = 1;
-  c.Sq = 129;
-  c.Sk = 700;
-  c.D = 64;
-  c.Dv = 64;
-  c.causal = true;
-  c.off = offset::q_offset;
-  check_case<double>(c, posenc::no_position{});
-  check_case<float>(c, posenc::no_position{});
+  check_both(config{.B = 1, .Sq = 129, .Sk = 700, .D = 64, .Dv = 64, .causal = true, .off = offset::q_offset},
+             posenc::no_position{});
 }
-
 
 // The packed tile products (detail/tile_gemm.hpp) reuse one packed K/V block for several query
 // blocks and cut a causal block at a multiple of the micro-panel height (48 rows in float, 24 in
@@ -545,10 +543,10 @@ TEST_CASE("attention: packed tile products, causal cuts inside key blocks, mixed
                    config{.B = 1, .Sq = 200, .Sk = 200, .H = 2, .Hkv = 2, .D = 16, .Dv = 16, .causal = true,
                           .off = offset::shuffled_keys, .q_block = 50, .k_block = 120}}) {
     INFO(describe(c));
-    check_case<double>(c, posenc::no_position{});
-    check_case<float>(c, posenc::no_position{});
+    check_both(c, posenc::no_position{});
   }
 }
+
 TEST_CASE("attention: explicit scale, and the overload without lse writes the same output", "[kernel]") {
   config c;
   c.Sq = 37;
@@ -617,8 +615,7 @@ TEST_CASE("attention: position-only bias per tile, and masked tiles are skipped"
     const auto m = masks_of(p);
     std::vector<unsigned char> valid(m.k_valid);
     distance_bias enc{.k_valid = &valid, .k_len = c.Sk, .causal = c.causal};
-    check_case<double>(c, enc, distance_bias_terms(p));
-    check_case<float>(c, enc, distance_bias_terms(p));
+    check_both(c, enc, distance_bias_terms(p));
     CHECK_FALSE(enc.saw_dead_tile->load());
   }
 }
@@ -631,8 +628,7 @@ TEST_CASE("attention: relative score terms with clipped tables (query and key si
                           .off = offset::explicit_positions, .q_block = 8, .k_block = 16}}) {
     const problem p(c);
     const relative_terms enc(3, c.D, 7);
-    check_case<double>(c, enc, relative_reference(p, enc));
-    check_case<float>(c, enc, relative_reference(p, enc));
+    check_both(c, enc, relative_reference(p, enc));
   }
 }
 
@@ -644,8 +640,7 @@ TEST_CASE("attention: value terms accumulated per relative bucket", "[kernel]") 
                           .off = offset::shuffled_keys, .q_block = 8, .k_block = 16}}) {
     const problem p(c);
     const relative_values enc(2, c.H, c.Dv, 11);
-    check_case<double>(c, enc, value_reference(p, enc));
-    check_case<float>(c, enc, value_reference(p, enc));
+    check_both(c, enc, value_reference(p, enc));
   }
 }
 

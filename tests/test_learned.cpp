@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "posenc/learned.hpp"
+#include "random.hpp"
 
 using idx = posenc::index;
 
@@ -16,21 +17,13 @@ static_assert(!posenc::attention_encoding<posenc::learned_absolute<double>>);
 
 namespace {
 
-std::vector<double> random_values(std::size_t n, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<double> nd;
-  std::vector<double> v(n);
-  for (auto& e : v) e = nd(rng);
-  return v;
-}
-
 }  // namespace
 
 TEMPLATE_TEST_CASE("learned: add_to adds table[pos + offset] per token", "[learned]", float, double) {
   using T = TestType;
   const idx P = 10, D = 6, B = 2, S = 4;
-  const auto w = random_values(P * D, 1);
-  const auto x0d = random_values(B * S * D, 2);
+  const auto w = test_util::randn(P * D, 1);
+  const auto x0d = test_util::randn(B * S * D, 2);
   const std::vector<T> x0(x0d.begin(), x0d.end());
   posenc::positions pos(B, S);
   const std::int64_t p[B][S] = {{0, 1, 2, 3}, {5, 6, 7, 0}};
@@ -75,7 +68,7 @@ TEST_CASE("learned: owned table, [1, seq] positions shared by the batch", "[lear
 TEST_CASE("learned: out-of-range positions throw naming the position and table size, nothing written",
           "[learned][errors]") {
   const idx P = 8, D = 4, B = 2, S = 3;
-  const auto w = random_values(P * D, 3);
+  const auto w = test_util::randn(P * D, 3);
   posenc::learned_absolute<double> opt(posenc::tensor_map<const double, 2>(w.data(), P, D), {.offset = 2});
   std::vector<double> x(B * S * D, 0.5);
   posenc::positions pos(B, S);

@@ -21,19 +21,13 @@
 #define POSENC_TEST_HAVE_KERNEL 1
 #endif
 
+#include "random.hpp"
+
 namespace {
 
 using posenc::index;
 
 // ---- helpers -------------------------------------------------------------------------------------
-
-std::vector<double> random_normal(std::size_t n, unsigned seed) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<double> d(0.0, 1.0);
-  std::vector<double> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
 
 double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
   REQUIRE(a.size() == b.size());
@@ -277,7 +271,7 @@ TEST_CASE("rope: q.k after rotation depends only on the position difference", "[
   for (auto layout : {posenc::rope_layout::half, posenc::rope_layout::interleaved}) {
     const index D = 64;
     const posenc::rope r(base_config(D, 10000.0, layout));
-    const auto q0 = random_normal(D, 1), k0 = random_normal(D, 2);
+    const auto q0 = test_util::randn(D, 1), k0 = test_util::randn(D, 2);
     auto dot_at = [&](std::int64_t pq, std::int64_t pk) {
       std::vector<double> q = q0, k = k0;
       const std::int64_t a[1] = {pq}, b[1] = {pk};
@@ -392,7 +386,7 @@ TEST_CASE("rope: LongRoPE switches factors strictly beyond the original length",
   CHECK(r.attention_factor() == Approx(std::sqrt(1 + std::log(32.0) / std::log(4096.0))).epsilon(1e-15));
 
   // apply derives L = max(positions) + 1 over the whole tensor (all batch rows)
-  const auto x = random_normal(2 * 2 * d, 3);
+  const auto x = test_util::randn(2 * 2 * d, 3);
   for (std::int64_t last : {4095, 4096}) {
     const std::int64_t p[4] = {0, 5, 1, last};  // batch 2, seq 2: the max is in the second row
     std::vector<double> y = x;
@@ -447,7 +441,7 @@ TEST_CASE("rope: partial rotary in both layouts passes the tail through", "[rope
     posenc::rope_config c_explicit = base_config(D, 10000.0, layout);
     c_explicit.rotary_dim = rot;
     const posenc::rope r_explicit(c_explicit);
-    const auto x = random_normal(S * H * D, 4);
+    const auto x = test_util::randn(S * H * D, 4);
     const auto pos = posenc::contiguous_positions(1, S, 17);
     std::vector<double> y = x, z(x.size(), 0.0), w = x;
     r.apply(posenc::bshd(y.data(), 1, S, H, D), posenc::view(pos));
@@ -533,7 +527,7 @@ TEST_CASE("rope: permuting a checkpoint's q/k rows turns half into interleaved",
       }
     return y;
   };
-  const auto x = random_normal(S * H * D, 5);
+  const auto x = test_util::randn(S * H * D, 5);
   const auto pos = posenc::contiguous_positions(1, S, 1000);
   std::vector<double> a = x, b = permute(x);
   half.apply(posenc::bshd(a.data(), 1, S, H, D), posenc::view(pos));
@@ -577,7 +571,7 @@ TEST_CASE("rope: table equals no table, both layouts, float and double", "[rope]
     c.scaling = {.rope_type = posenc::rope_type::yarn, .factor = 8, .original_max_position_embeddings = 4096};
     const posenc::rope r(c);
     const index B = 2, S = 7, H = 3, D = 96;
-    const auto x = random_normal(B * S * H * D, 7);
+    const auto x = test_util::randn(B * S * H * D, 7);
     posenc::positions pos(B, S);
     for (index b = 0; b < B; ++b)
       for (index s = 0; s < S; ++s) pos(b, s) = 100 + 37 * s + 5 * b;
@@ -603,7 +597,7 @@ TEST_CASE("rope: shift(k, delta) equals applying at position + delta", "[rope][s
     c.scaling = {.rope_type = posenc::rope_type::yarn, .factor = 4, .original_max_position_embeddings = 2048};
     const posenc::rope r(c);  // attention factor 1.1386: must not be applied twice
     const index S = 9, H = 2, D = 64;
-    const auto x = random_normal(S * H * D, 8);
+    const auto x = test_util::randn(S * H * D, 8);
     for (std::int64_t delta : {-300, 0, 5, 4000}) {
       const auto p0 = posenc::contiguous_positions(1, S, 500);
       const auto p1 = posenc::contiguous_positions(1, S, 500 + delta);
@@ -624,7 +618,7 @@ TEST_CASE("rope: shift(k, delta) equals applying at position + delta", "[rope][s
 TEST_CASE("rope: errors leave the outputs untouched", "[rope][errors]") {
   const posenc::rope r(base_config(32));
   const index S = 4, H = 2, D = 32;
-  const auto x = random_normal(S * H * D, 9);
+  const auto x = test_util::randn(S * H * D, 9);
   const auto pos = posenc::contiguous_positions(1, S);
   std::vector<double> y = x;
   // wrong head_dim
@@ -670,7 +664,7 @@ TEST_CASE("rope: kernel hooks — transform_qk and bind agree with apply", "[rop
     c.scaling = {.rope_type = posenc::rope_type::dynamic, .factor = 2};
     const posenc::rope r(c);
     const index B = 1, S = 100, H = 3, D = 64;
-    const auto x = random_normal(B * S * H * D, 10);
+    const auto x = test_util::randn(B * S * H * D, 10);
     const auto pos = posenc::contiguous_positions(B, S);  // L = 100 > 64: scaled
     std::vector<double> want = x;
     r.apply(posenc::bshd(want.data(), B, S, H, D), posenc::view(pos));
@@ -718,8 +712,8 @@ TEST_CASE("rope: fused attention equals the reference on pre-rotated q and k", "
     c.scaling = {.rope_type = posenc::rope_type::yarn, .factor = 4, .original_max_position_embeddings = 16};
     const posenc::rope r(c);
     const index B = 2, Sq = 9, Sk = 30, H = 4, Hkv = 2, D = 32;
-    const auto q = random_normal(B * Sq * H * D, 11), k = random_normal(B * Sk * Hkv * D, 12),
-               v = random_normal(B * Sk * Hkv * D, 13);
+    const auto q = test_util::randn(B * Sq * H * D, 11), k = test_util::randn(B * Sk * Hkv * D, 12),
+               v = test_util::randn(B * Sk * Hkv * D, 13);
     const auto qpos = posenc::contiguous_positions(B, Sq, Sk - Sq), kpos = posenc::contiguous_positions(B, Sk);
     posenc::attention_options opt;
     opt.causal = true;

@@ -13,6 +13,7 @@
 #include "posenc/attention.hpp"
 #include "posenc/reference.hpp"
 #include "posenc/t5.hpp"
+#include "random.hpp"
 
 using idx = posenc::index;
 using t5d = posenc::t5_relative_bias<double>;
@@ -49,14 +50,6 @@ std::int64_t hf_bucket_replica(std::int64_t relative_position, std::int64_t num_
   std::int64_t large = max_exact + static_cast<std::int64_t>(multiplied);
   large = std::min<std::int64_t>(large, num_buckets - 1);
   return relative_buckets + large;
-}
-
-std::vector<double> randn(std::size_t n, unsigned seed, double scale = 1.0) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<double> nd;
-  std::vector<double> v(n);
-  for (auto& e : v) e = scale * nd(rng);
-  return v;
 }
 
 }  // namespace
@@ -127,7 +120,7 @@ TEST_CASE("t5: configuration and table errors", "[t5][errors]") {
 TEMPLATE_TEST_CASE("t5: bound table per relative distance; tile hook equals the lookup", "[t5]", float, double) {
   using T = TestType;
   const idx NB = 32, H = 3;
-  const auto w = randn(static_cast<std::size_t>(NB * H), 5);
+  const auto w = test_util::randn(static_cast<std::size_t>(NB * H), 5);
   t5d enc(posenc::tensor_map<const double, 2>(w.data(), NB, H));
   REQUIRE(enc.table().data() == w.data());  // viewed, not copied
   // A decode-like call: queries at 500..503, keys at 0..599 (as positions_view would give).
@@ -299,10 +292,10 @@ struct fused_case {
 template <class T>
 void run_fused(const fused_case& fc) {
   INFO(fc.what);
-  const auto qd = randn(static_cast<std::size_t>(fc.B * fc.Sq * fc.H * fc.D), 21, 0.3);
-  const auto kd = randn(static_cast<std::size_t>(fc.B * fc.Sk * fc.Hkv * fc.D), 22, 0.3);
-  const auto vd = randn(static_cast<std::size_t>(fc.B * fc.Sk * fc.Hkv * fc.D), 23);
-  const auto wd = randn(static_cast<std::size_t>(fc.NB * fc.H), 24);
+  const auto qd = test_util::randn(static_cast<std::size_t>(fc.B * fc.Sq * fc.H * fc.D), 21, 0.3);
+  const auto kd = test_util::randn(static_cast<std::size_t>(fc.B * fc.Sk * fc.Hkv * fc.D), 22, 0.3);
+  const auto vd = test_util::randn(static_cast<std::size_t>(fc.B * fc.Sk * fc.Hkv * fc.D), 23);
+  const auto wd = test_util::randn(static_cast<std::size_t>(fc.NB * fc.H), 24);
   std::vector<std::int64_t> pad(static_cast<std::size_t>(fc.B * fc.Sk), 0);
   if (fc.padded)
     for (idx b = 0; b < fc.B; ++b)
@@ -360,7 +353,7 @@ TEMPLATE_TEST_CASE("t5: fused kernel equals the reference with the bias material
 
 TEST_CASE("t5: a position range too wide for a per-call table falls back to a bucket per score", "[t5]") {
   const idx NB = 32, H = 2;
-  const auto w = randn(static_cast<std::size_t>(NB * H), 9);
+  const auto w = test_util::randn(static_cast<std::size_t>(NB * H), 9);
   t5d enc(posenc::tensor_map<const double, 2>(w.data(), NB, H));
   posenc::call_info info;
   info.heads = H;
