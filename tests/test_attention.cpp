@@ -525,10 +525,11 @@ TEST_CASE("attention: default tiles with 129 x 700 (two key blocks, partial quer
 }
 
 // The packed tile products (detail/tile_gemm.hpp) reuse one packed K/V block for several query
-// blocks and cut a causal block at a multiple of the micro-panel height (48 rows in float, 24 in
+// blocks and cut a causal block at a micro-panel boundary (multiples of 48 rows in float, 24 in
 // double with AVX-512): these shapes put that cut strictly inside key blocks, give value widths
 // that leave partial panels, and mix packed query blocks with a one-row block of a head without
-// GQA, which takes the expression path (GEMV), in the same work item.
+// GQA, which takes the expression path (GEMV), in the same work item. Query blocks of 50 rows over
+// blocks of 112 and 128 keys put cuts into the last, shorter panels.
 TEST_CASE("attention: packed tile products, causal cuts inside key blocks, mixed short query blocks", "[kernel]") {
   for (config c : {config{.B = 1, .Sq = 300, .Sk = 300, .H = 2, .Hkv = 1, .D = 32, .Dv = 40, .causal = true,
                           .q_block = 64, .k_block = 160},
@@ -541,7 +542,11 @@ TEST_CASE("attention: packed tile products, causal cuts inside key blocks, mixed
                    config{.B = 1, .Sq = 90, .Sk = 90, .H = 4, .Hkv = 1, .D = 8, .Dv = 56, .causal = true,
                           .off = offset::explicit_positions, .q_block = 17, .k_block = 97},
                    config{.B = 1, .Sq = 200, .Sk = 200, .H = 2, .Hkv = 2, .D = 16, .Dv = 16, .causal = true,
-                          .off = offset::shuffled_keys, .q_block = 50, .k_block = 120}}) {
+                          .off = offset::shuffled_keys, .q_block = 50, .k_block = 120},
+                   config{.B = 1, .Sq = 230, .Sk = 230, .H = 2, .Hkv = 1, .D = 64, .Dv = 64, .causal = true,
+                          .q_block = 50, .k_block = 112},
+                   config{.B = 1, .Sq = 260, .Sk = 260, .H = 2, .Hkv = 1, .D = 16, .Dv = 24, .causal = true,
+                          .q_block = 50, .k_block = 128}}) {
     INFO(describe(c));
     check_both(c, posenc::no_position{});
   }
@@ -582,7 +587,8 @@ TEST_CASE("attention: Q/K transform once per token (each kv head once under GQA)
                              config{.B = 3, .Sq = 7, .Sk = 65, .H = 2, .Hkv = 2, .causal = true,
                                     .pad = padding::lengths, .off = offset::explicit_positions, .q_block = 4,
                                     .k_block = 16},
-                             config{.B = 2, .Sq = 300, .Sk = 290, .H = 4, .Hkv = 2, .q_block = 16, .k_block = 32}}) {
+                             config{.B = 2, .Sq = 300, .Sk = 290, .H = 4, .Hkv = 2, .q_block = 16, .k_block = 32},
+                             config{.B = 1, .Sq = 65, .Sk = 65, .H = 2, .Hkv = 2, .q_block = 16, .k_block = 24}}) {
     INFO(describe(base));
     const problem p(base);
     const bool every_block_seen = !base.causal && base.pad == padding::none;
@@ -768,6 +774,38 @@ TEST_CASE("attention: bitwise identical results for 1, 2 and 8 threads", "[kerne
     CHECK(f1.out == f8.out);
     CHECK(f1.lse == f8.lse);
   }
+}
+
+namespace {
+// distance_bias whose hook runs a small attention of its own on the same thread, as an encoding that
+// calls a kernel inside a hook would: the outer call's per-thread scratch (detail::thread_scratch)
+// must not be the inner call's, or the inner call would overwrite the outer units' accumulators.
+struct nested_bias : distance_bias {
+  template <class T>
+  void add_position_bias(const posenc::tile<T>& t, posenc::matrix_map<T> s) const {
+    distance_bias::add_position_bias(t, s);
+    const Index L = 40, H = 2, D = 8;
+    std::vector<T> x(static_cast<std::size_t>(L * H * D), T(0.5)), out(x.size());
+    const auto view_x = posenc::bshd<const T>(x.data(), 1, L, H, D);
+    posenc::attention<T>(view_x, view_x, view_x, posenc::bshd(out.data(), 1, L, H, D));
+  }
+};
+}  // namespace
+
+TEST_CASE("attention: a hook may run attention itself (per-thread scratch is not shared)", "[kernel]") {
+  Eigen::ThreadPool two(2);
+  const config c{.B = 1, .Sq = 300, .Sk = 300, .H = 2, .Hkv = 1, .D = 16, .Dv = 16, .causal = true,
+                 .q_block = 64, .k_block = 64};
+  INFO(describe(c));
+  const problem p(c);
+  const auto m = masks_of(p);
+  std::vector<unsigned char> valid(m.k_valid);
+  nested_bias enc;
+  enc.k_valid = &valid;
+  enc.k_len = c.Sk;
+  enc.causal = c.causal;
+  check_both(c, enc, distance_bias_terms(p));
+  CHECK(run_kernel<double>(p, enc, &two).out == run_kernel<double>(p, enc).out);  // nested on pool threads
 }
 
 // ---- merge ---------------------------------------------------------------------------------------

@@ -16,12 +16,14 @@
 // query heads under GQA): each K/V block is packed once for all of them and each query block once
 // for all key blocks, instead of both operands once per tile as `Q * K.transpose()` would do. Query
 // blocks of one row without GQA (MHA decode steps) multiply through Eigen expressions (GEMV).
-// Q/K transforms run once per token: keys before the loop into a working copy per (batch, kv head),
-// queries into the unit's copy. transform_qk receives the query head for queries and the kv head
-// for keys (each kv head is transformed once, not once per query head).
-// Nothing proportional to q_len x k_len is ever allocated: per worker O(units x q_block x d) query
-// copies and O(q_block x k_block) scores; per call O(batch x len) positions (and the transformed
-// keys, O(L d) per kv head, only for encodings with a Q/K transform).
+// Q/K transforms run once per token: queries into the unit's copy; keys into the worker's copy of
+// the block when one item holds all of a kv head's queries, else, per block on first use, into a
+// copy shared by the kv head's items (key_mode). transform_qk receives the query head for queries
+// and the kv head for keys (a kv head is transformed once for its GQA group).
+// Nothing proportional to q_len x k_len is ever allocated: per thread O(units x q_block x d) query
+// copies and O(q_block x k_block) scores, kept for the thread's next call; per call O(batch x len)
+// positions (and the shared transformed keys, O(L d) per kv head, only for Q/K transforms when a
+// kv head's queries span several work items).
 //
 // Threads: options.pool (an Eigen::ThreadPoolInterface, detail/thread.hpp) runs the work items;
 // each item is computed by one thread with a fixed key-block order, and how units are grouped into
@@ -74,6 +76,15 @@ inline constexpr index default_k_block = 256;
 /// 179/189 -> 174/182 -> 159/166 -> 171/161, causal 98/113 -> 101/97 -> 94/93 -> 97/91; 4 keeps
 /// the item's state (4 x (packed Q + output) = 512 KiB in float) well inside the 2 MiB L2.
 inline constexpr index default_units_per_item = 4;
+/// Where an encoding's Q/K transform puts the transformed keys (each key is transformed once per call).
+enum class key_mode {
+  caller,         ///< no transform: K is read from the caller's buffer
+  worker,         ///< one work item holds all of the kv head's queries: the worker's cache-resident copy
+  shared,         ///< items share a copy of K, transformed block by block on first use (ensure_keys)
+  shared_packed,  ///< the same, stored packed as GEBP's A operand, so that the items neither re-read
+                  ///< the caller's rows nor re-pack the block: when no hook reads the tile's keys and
+                  ///< every query block is packed (measurements at ensure_keys)
+};
 /// Whether a query block multiplies on packed operands. Packing K/V for a single query row pays
 /// only when other query heads share the packed block (GQA): measured on BM_decode (Lk = 4096,
 /// d = 128, float, 1 thread, ms per step, expression path -> packed), 32 heads over 8 kv heads:
@@ -156,8 +167,9 @@ struct block_plan {
   std::array<index, default_units_per_item> cols{};  ///< per unit (0: the unit does not see the block)
 };
 
-/// Per-worker buffers, grown to the largest tile the worker meets and reused by its items (maps
-/// give them each tile's shape: an Eigen resize would reallocate at every shape change).
+/// Per-thread buffers (detail::thread_scratch: kept from call to call), grown to the largest tile the
+/// thread meets and reused by its items (maps give them each tile's shape: an Eigen resize would
+/// reallocate at every shape change).
 template <class T>
 struct attention_scratch {
   using buffer = typename tile_gemm<T>::buffer;
@@ -170,7 +182,7 @@ struct attention_scratch {
     online_softmax<T> softmax;
   };
   std::vector<unit_state> units;
-  buffer k_work;  ///< a transformed key block (Q/K transforms, when one item has the kv head alone)
+  buffer k_work;  ///< a transformed key block (Q/K transforms: key_mode worker, shared, shared_packed)
   buffer k_packed, v_packed, p_packed, scores;
   Eigen::Matrix<std::int32_t, Eigen::Dynamic, 1> buckets;
   std::vector<block_plan> plan;  ///< the current item's key blocks
@@ -198,6 +210,8 @@ class fused_attention {
   static constexpr bool score_terms = has_score_terms<Bound, T>;
   static constexpr bool position_bias = has_position_bias<Bound, T>;
   static constexpr bool value_terms = has_value_terms<Bound, T>;
+  /// Whether a hook receives the tile's (transformed) queries and keys.
+  static constexpr bool hooks_read_qk = score_terms || position_bias || value_terms;
   using gemm = tile_gemm<T>;
 
   fused_attention(heads_view<const T> q, heads_view<const T> k, heads_view<const T> v, heads_view<T> out,
@@ -219,20 +233,30 @@ class fused_attention {
     units_per_item_ = std::clamp<index>(units / (2 * threads), 1, default_units_per_item);
     units_per_group_ = group_ * q_blocks_;
     items_per_group_ = (units_per_group_ + units_per_item_ - 1) / units_per_item_;
+    // A query block of one row without GQA multiplies through expressions on unpacked keys.
+    const bool all_packed = group_ > 1 || (q_block_ > 1 && q_len_ % q_block_ != 1);
+    if (!transforms) keys_ = key_mode::caller;
+    else if (items_per_group_ == 1) keys_ = key_mode::worker;
+    else if (!hooks_read_qk && all_packed) keys_ = key_mode::shared_packed;
+    else keys_ = key_mode::shared;
   }
 
   void run(Eigen::ThreadPoolInterface* pool) {
-    if (transforms && items_per_group_ > 1) {
+    if (keys_ == key_mode::shared || keys_ == key_mode::shared_packed) {
       // Shared by the items of a kv head. Uninitialized: each key block is written by its transform
       // before any read (a zero fill would be one more pass over O(batch x kv_heads x L x d) memory).
-      keys_ = std::make_unique_for_overwrite<T[]>(static_cast<std::size_t>(q_.batch() * kv_heads_ * k_len_ * dim_));
+      // (Eigen's resize leaves the storage uninitialized and aligns it for the packed layout's
+      // aligned packet loads and stores.)
+      attention_scratch<T>::at_least(shared_keys_, q_.batch() * kv_heads_ * k_blocks_ * shared_block_size());
       key_state_ = std::make_unique<std::atomic<std::uint8_t>[]>(static_cast<std::size_t>(q_.batch() * kv_heads_ * k_blocks_));
     }
     // Items of one (batch, kv head) are consecutive and, within it, the last query blocks come first:
     // under a causal mask they see the most keys, so the dynamic schedule ends with short items and
     // the threads finish together.
-    for_each_item(pool, q_.batch() * kv_heads_ * items_per_group_, [&] { return make_scratch(); },
-                  [&](index item, attention_scratch<T>& sc) { run_item(item, sc); });
+    for_each_item<attention_scratch<T>>(
+        pool, q_.batch() * kv_heads_ * items_per_group_,
+        [&](attention_scratch<T>& sc) { sc.units.resize(static_cast<std::size_t>(units_per_item_)); },
+        [&](index item, attention_scratch<T>& sc) { run_item(item, sc); });
     require(!bad_bucket_.load(), "encoding", "value_buckets must return indices in [0, value_bucket_count())");
   }
 
@@ -249,45 +273,65 @@ class fused_attention {
     }
   }
 
-  /// Q/K transform of key block kb of (batch b, kv head hk) into the working copy of K, exactly once
+  /// Q/K transform of key block kb of (batch b, kv head hk) into the shared copy of K, exactly once
   /// per call: the first work item that needs the block transforms it (just before use, after its
   /// rows were prefetched during the previous block), items that need it meanwhile wait for it.
   /// Blocks no query sees are never transformed. Each kv head is transformed once, not once per
-  /// query head of its GQA group.
-  void ensure_keys(index b, index hk, index kb) {
+  /// query head of its GQA group. Returns the block: the shared copy, or, to the item that made it,
+  /// its own copy, still in its cache.
+  ///
+  /// The block is made in the worker's buffers (packed there in key_mode::shared_packed) and copied
+  /// to the shared one with non-temporal stores. Written through the cache, the shared copy (1 MiB
+  /// per kv head at L = 2048, d = 128) displaced the item's packed queries and accumulators from L2:
+  /// RoPE's overhead over no encoding (L = 2048, causal, 1 thread, medians of 16 paired calls, three
+  /// runs) was +5.7 / +6.8 / +4.2 % with memcpy, +4.0 / +2.1 / +3.2 % with the streamed copy, and
+  /// +4.4 / +4.1 / +2.3 % when every work item transformed its own keys (a token rotated once per item).
+  const T* ensure_keys(index b, index hk, index kb, attention_scratch<T>& sc) {
     std::atomic<std::uint8_t>& state = key_state_[static_cast<std::size_t>((b * kv_heads_ + hk) * k_blocks_ + kb)];
     constexpr std::uint8_t todo = 0, busy = 1, done = 2;
-    if (state.load(std::memory_order_acquire) == done) return;
+    T* shared = shared_block(b, hk, kb);
+    if (state.load(std::memory_order_acquire) == done) return shared;
     std::uint8_t expected = todo;
     if (state.compare_exchange_strong(expected, busy, std::memory_order_acq_rel)) {
       const key_block& blk = block_of(b, kb);
-      transform_into(qk_role::key, hk, std::span<const std::int64_t>(masks_.kp(b) + blk.first, blk.cols),
-                     k_.matrix(b, hk, blk.first, blk.cols),
-                     matrix_map<T>(keys_.get() + ((b * kv_heads_ + hk) * k_len_ + blk.first) * dim_, blk.cols, dim_,
-                                   Eigen::OuterStride<>(dim_)));
+      const matrix_map<T> kt = transformed_block(b, hk, blk, sc);
+      const T* mine = kt.data();
+      if (keys_ == key_mode::shared_packed) {
+        T* packed = attention_scratch<T>::at_least(sc.k_packed, blk.cols * dim_);
+        gemm::pack_a(packed, kt.data(), kt.outerStride(), blk.cols, dim_);
+        mine = packed;
+      }
+      stream_copy(shared, mine, blk.cols * dim_ * static_cast<index>(sizeof(T)));
       state.store(done, std::memory_order_release);
-      return;
+      return mine;
     }
     while (state.load(std::memory_order_acquire) != done) std::this_thread::yield();  // one block's transform
+    return shared;
   }
 
-  /// Keys first .. first+count-1 of (batch b, kv head hk): transformed (Q/K transforms) or the caller's.
-  [[nodiscard]] const_matrix_map<T> keys(index b, index hk, index first, index count) const {
-    if constexpr (transforms)
-      return const_matrix_map<T>(keys_.get() + ((b * kv_heads_ + hk) * k_len_ + first) * dim_, count, dim_,
-                                 Eigen::OuterStride<>(dim_));
-    else
-      return k_.matrix(b, hk, first, count);
+  /// Elements per block of the shared keys: a whole number of the alignment that the packed layout's
+  /// packet loads and the streamed copy need.
+  [[nodiscard]] index shared_block_size() const {
+    constexpr index align = EIGEN_MAX_ALIGN_BYTES / static_cast<index>(sizeof(T));
+    return (std::min(k_block_, k_len_) * dim_ + align - 1) / align * align;
+  }
+
+  /// Start of key block kb of (batch b, kv head hk) in the shared keys.
+  [[nodiscard]] T* shared_block(index b, index hk, index kb) {
+    return shared_keys_.data() + ((b * kv_heads_ + hk) * k_blocks_ + kb) * shared_block_size();
+  }
+
+  /// The keys of block `blk` transformed into the worker's buffer.
+  matrix_map<T> transformed_block(index b, index hk, const key_block& blk, attention_scratch<T>& sc) const {
+    matrix_map<T> kt(attention_scratch<T>::at_least(sc.k_work, blk.cols * dim_), blk.cols, dim_,
+                     Eigen::OuterStride<>(dim_));
+    transform_into(qk_role::key, hk, std::span<const std::int64_t>(masks_.kp(b) + blk.first, blk.cols),
+                   k_.matrix(b, hk, blk.first, blk.cols), kt);
+    return kt;
   }
 
   [[nodiscard]] const key_block& block_of(index b, index kb) const {
     return key_blocks_[static_cast<std::size_t>(b * k_blocks_ + kb)];
-  }
-
-  [[nodiscard]] attention_scratch<T> make_scratch() const {
-    attention_scratch<T> sc;
-    sc.units.resize(static_cast<std::size_t>(units_per_item_));
-    return sc;
   }
 
   /// Keys of block `blk` a unit must compute: all of them, or under a causal mask with ascending
@@ -380,26 +424,31 @@ class fused_attention {
       const block_plan& p = plan[pi];
       const key_block& blk = block_of(b, p.kb);
       const index kcols = p.kcols;
-      // The block's keys and values, packed once for all units.
+      // The block's keys and values, packed once for all units (keys once per call in
+      // key_mode::shared_packed).
+      const T* k_packed = sc.k_packed.data();
       const const_matrix_map<T> k_tile = [&] {
         if constexpr (transforms) {
-          if (items_per_group_ == 1) {
-            // This item is the only one of its kv head: the block goes to the worker's own
-            // cache-resident buffer, not to the shared copy of K (whose lines would go to memory and
-            // back: about half of RoPE's cost in attention at L = 1024, docs/rope.md).
-            matrix_map<T> kt(scratch::at_least(sc.k_work, blk.cols * dim_), blk.cols, dim_,
-                             Eigen::OuterStride<>(dim_));
-            transform_into(qk_role::key, hk, std::span<const std::int64_t>(k_pos + blk.first, blk.cols),
-                           k_.matrix(b, hk, blk.first, blk.cols), kt);
+          if (keys_ == key_mode::worker) {
+            const matrix_map<T> kt = transformed_block(b, hk, blk, sc);
             return const_matrix_map<T>(kt.data(), kcols, dim_, Eigen::OuterStride<>(dim_));
           }
-          ensure_keys(b, hk, p.kb);
+          const T* first = ensure_keys(b, hk, p.kb, sc);
+          if (keys_ == key_mode::shared_packed) {
+            k_packed = first;
+            return const_matrix_map<T>(nullptr, 0, dim_, Eigen::OuterStride<>(dim_));  // no hook reads it
+          }
+          return const_matrix_map<T>(first, kcols, dim_, Eigen::OuterStride<>(dim_));
+        } else {
+          return k_.matrix(b, hk, blk.first, kcols);
         }
-        return keys(b, hk, blk.first, kcols);
       }();
       const const_matrix_map<T> v_tile = v_.matrix(b, hk, blk.first, kcols);
       if (p.any_packed) {
-        gemm::pack_a(scratch::at_least(sc.k_packed, kcols * dim_), k_tile.data(), k_tile.outerStride(), kcols, dim_);
+        if (keys_ != key_mode::shared_packed) {
+          gemm::pack_a(scratch::at_least(sc.k_packed, kcols * dim_), k_tile.data(), k_tile.outerStride(), kcols, dim_);
+          k_packed = sc.k_packed.data();
+        }
         gemm::pack_a_transposed(scratch::at_least(sc.v_packed, kcols * vdim_), v_tile.data(), v_tile.outerStride(),
                                 vdim_, kcols);
       }
@@ -435,7 +484,7 @@ class fused_attention {
           }
         }
         tile_step(b, hk, blk, c, kcols, units[static_cast<std::size_t>(i)], *q_tiles[static_cast<std::size_t>(i)],
-                  k_tile, v_tile, k_pos, k_valid, sc.units[static_cast<std::size_t>(i)], sc);
+                  k_tile, k_packed, v_tile, k_pos, k_valid, sc.units[static_cast<std::size_t>(i)], sc);
       }
     }
 
@@ -463,7 +512,8 @@ class fused_attention {
 
   /// One tile: the unit's queries x the first `cols` keys of block `blk` (kcols: keys packed).
   void tile_step(index b, index hk, const key_block& blk, index cols, index kcols, const query_unit& u,
-                 const const_matrix_map<T>& q_tile, const const_matrix_map<T>& k_block, const const_matrix_map<T>& v_block,
+                 const const_matrix_map<T>& q_tile, const const_matrix_map<T>& k_block, const T* k_packed,
+                 const const_matrix_map<T>& v_block,
                  const std::int64_t* k_pos, const unsigned char* k_valid,
                  typename attention_scratch<T>::unit_state& st, attention_scratch<T>& sc) {
     using scratch = attention_scratch<T>;
@@ -472,14 +522,16 @@ class fused_attention {
     matrix_map<T> s(scratch::at_least(sc.scores, rows * cols), rows, cols, Eigen::OuterStride<>(cols));
     if (u.packed) {  // S^T (keys x queries, column-major) = scale K Q^T
       s.setZero();
-      gemm::multiply(s.data(), cols, sc.k_packed.data(), st.q_packed.data(), cols, dim_, rows, scale_, dim_,
+      gemm::multiply(s.data(), cols, k_packed, st.q_packed.data(), cols, dim_, rows, scale_, dim_,
                      chunk_s_);
     } else {
       const const_matrix_map<T> q_scaled(st.q_scaled.data(), rows, dim_, Eigen::OuterStride<>(dim_));
       s.noalias() = q_scaled * k_block.topRows(cols).transpose();
     }
 
-    const const_matrix_map<T> k_tile(k_block.data(), cols, dim_, Eigen::OuterStride<>(k_block.outerStride()));
+    // (key_mode::shared_packed: no hook reads the keys, k_block has no rows)
+    const const_matrix_map<T> k_tile(k_block.data(), std::min(cols, k_block.rows()), dim_,
+                                     Eigen::OuterStride<>(k_block.outerStride()));
     const tile<T> t{.batch = b, .head = u.head, .kv_head = hk, .q_first = u.q0, .k_first = blk.first,
                     .rows = rows, .cols = cols, .q_pos = u.q_pos, .k_pos = k_pos + blk.first, .q = q_tile,
                     .k = k_tile};
@@ -532,8 +584,11 @@ class fused_attention {
   index q_block_, k_block_, buckets_;
   index heads_, kv_heads_, group_, dim_, vdim_, q_len_, k_len_, q_blocks_, k_blocks_;
   index chunk_s_ = 0, chunk_pv_ = 0, units_per_item_ = 1, units_per_group_ = 0, items_per_group_ = 0;
+  key_mode keys_ = key_mode::caller;
   std::vector<key_block> key_blocks_;
-  std::unique_ptr<T[]> keys_;  // transformed keys [batch, kv_heads, k_len, dim] (Q/K transforms only)
+  // Transformed keys (key_mode shared*): per (batch, kv head, key block), shared_block_size() apart,
+  // the block's rows (shared) or the block packed (shared_packed).
+  typename gemm::buffer shared_keys_;
   std::unique_ptr<std::atomic<std::uint8_t>[]> key_state_;  // per (batch, kv head, key block): ensure_keys
   std::atomic<bool> bad_bucket_{false};
 };
