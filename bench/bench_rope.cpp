@@ -173,7 +173,7 @@ BENCHMARK(BM_triad)->Arg(128)->Arg(1024)->Arg(8192)->Arg(32768)->ArgName("S");
 BENCHMARK(BM_rope_apply)->Apply(apply_args);
 BENCHMARK(BM_rope_ggml_style)->ArgsProduct({{128, 1024, 8192, 32768}, {0, 1}})->ArgNames({"S", "interleaved"});
 BENCHMARK(BM_rope_table_build)->Arg(8192)->ArgName("S");
-BENCHMARK(BM_attention)->Args({1024, 0})->Args({1024, 1})->Args({2048, 0})->Args({2048, 1})->ArgNames({"L", "rope"})
+BENCHMARK(BM_attention)->ArgsProduct({{1024, 2048, 4096}, {0, 1}})->ArgNames({"L", "rope"})
     ->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();
