@@ -7,8 +7,12 @@
 // Counter `s_per_elem` is seconds per element of x (printed with SI prefixes: 180p = 0.18 ns).
 // Compare ratios from one run: apply bytes/s over triad bytes/s at the same S, and apply against
 // BM_rope_ggml_style (ggml's CPU rope algorithm, the comparison) at the same S (docs/rope.md).
+// RoPE's cost inside attention: BM_attention (separate rows with and without RoPE) and
+// BM_attention_rope_overhead (counter rope_over_none: median ratio of back-to-back call pairs).
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -139,24 +143,55 @@ void BM_rope_table_build(benchmark::State& state) {
 }
 
 /// Attention (float, one thread, causal, H = 8, d = 128) with RoPE fused vs without an encoding.
-void BM_attention(benchmark::State& state) {
-  const auto L = state.range(0);
-  const bool with_rope = state.range(1) != 0;
-  constexpr posenc::index AH = 8;
-  const std::size_t n = static_cast<std::size_t>(L * AH * D);
-  const auto q = random_floats(n, 4), k = random_floats(n, 5), v = random_floats(n, 6);
-  std::vector<float> out(n);
-  posenc::attention_options opt;
-  opt.causal = true;
-  const posenc::rope r(posenc::rope_config{.head_dim = D, .rope_theta = 5e5});
-  const auto qv = posenc::bshd<const float>(q.data(), 1, L, AH, D), kv = posenc::bshd<const float>(k.data(), 1, L, AH, D),
-             vv = posenc::bshd<const float>(v.data(), 1, L, AH, D);
-  const auto ov = posenc::bshd(out.data(), 1, L, AH, D);
-  for (auto _ : state) {
+struct attention_inputs {
+  static constexpr posenc::index heads = 8;
+  explicit attention_inputs(posenc::index L)
+      : n(static_cast<std::size_t>(L * heads * D)), q(random_floats(n, 4)), k(random_floats(n, 5)),
+        v(random_floats(n, 6)), out(n), qv(posenc::bshd<const float>(q.data(), 1, L, heads, D)),
+        kv(posenc::bshd<const float>(k.data(), 1, L, heads, D)), vv(posenc::bshd<const float>(v.data(), 1, L, heads, D)),
+        ov(posenc::bshd(out.data(), 1, L, heads, D)) {
+    opt.causal = true;
+  }
+  void run(bool with_rope) {
     if (with_rope) posenc::attention(qv, kv, vv, ov, r, opt);
     else posenc::attention(qv, kv, vv, ov, posenc::no_position{}, opt);
     benchmark::DoNotOptimize(out.data());
   }
+  std::size_t n;
+  std::vector<float> q, k, v, out;
+  posenc::heads_view<const float> qv, kv, vv;
+  posenc::heads_view<float> ov;
+  posenc::attention_options opt;
+  posenc::rope r{posenc::rope_config{.head_dim = D, .rope_theta = 5e5}};
+};
+
+void BM_attention(benchmark::State& state) {
+  attention_inputs x(state.range(0));
+  const bool with_rope = state.range(1) != 0;
+  for (auto _ : state) x.run(with_rope);
+}
+
+/// RoPE's overhead in attention as the ratio of two calls timed back to back, one with RoPE and one
+/// without, in alternating order; counter `rope_over_none` is the median of the per-pair ratios. On
+/// a shared VM whose speed drifts by 20-40 % within minutes, pairs a few milliseconds apart see the
+/// same machine, where BM_attention's separate rows do not.
+void BM_attention_rope_overhead(benchmark::State& state) {
+  attention_inputs x(state.range(0));
+  std::vector<double> ratios;
+  bool rope_first = false;
+  for (auto _ : state) {
+    double t[2];  // [none, rope]
+    for (const bool with_rope : {rope_first, !rope_first}) {
+      const auto t0 = std::chrono::steady_clock::now();
+      x.run(with_rope);
+      t[with_rope ? 1 : 0] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    state.SetIterationTime(t[0] + t[1]);
+    ratios.push_back(t[1] / t[0]);
+    rope_first = !rope_first;
+  }
+  std::sort(ratios.begin(), ratios.end());
+  state.counters["rope_over_none"] = ratios.empty() ? 0.0 : ratios[ratios.size() / 2];
 }
 
 void apply_args(benchmark::internal::Benchmark* b) {
@@ -174,6 +209,8 @@ BENCHMARK(BM_rope_apply)->Apply(apply_args);
 BENCHMARK(BM_rope_ggml_style)->ArgsProduct({{128, 1024, 8192, 32768}, {0, 1}})->ArgNames({"S", "interleaved"});
 BENCHMARK(BM_rope_table_build)->Arg(8192)->ArgName("S");
 BENCHMARK(BM_attention)->ArgsProduct({{1024, 2048, 4096}, {0, 1}})->ArgNames({"L", "rope"})
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_attention_rope_overhead)->Arg(1024)->Arg(2048)->Arg(4096)->ArgName("L")->UseManualTime()->MinTime(10.0)
     ->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();
