@@ -7,11 +7,14 @@
 //   useful_GFLOPs the causal-useful count 4 * d * L (L + 1) / 2 per head (= GFLOPs when not causal);
 //   GEMM runs count 2 * L * L * d per head (the one product they do).
 // Arguments: L, d, causal (0/1), threads (1 = the calling thread, no pool; 2 = Eigen::ThreadPool(2)).
+// BM_fused_vs_naive times the two back to back (counter naive_over_fused, the median ratio of pairs).
 // Speed targets live here and in docs/performance.md, never in unit tests.
 #include <benchmark/benchmark.h>
 
 #include <posenc/attention.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <memory>
 #include <random>
@@ -137,16 +140,13 @@ void BM_gemm_qkT(benchmark::State& state) {
 }
 
 // Naive materialized attention per head: S = (scale Q) K^T, mask, softmax by rows, O = P V.
-void BM_naive(benchmark::State& state) {
-  const Index L = state.range(0), d = state.range(1), threads = state.range(3);
-  const bool causal = state.range(2) != 0;
-  inputs x(L, d);
-  const auto pool = make_pool(threads);
-  std::vector<row_matrix> s(static_cast<std::size_t>(threads), row_matrix(L, L));
-  std::vector<row_matrix> qs(static_cast<std::size_t>(threads), row_matrix(L, d));
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  for (auto _ : state) {
-    for_heads(pool.get(), [&](Index h) {
+struct naive_attention {
+  naive_attention(Index L, Index d, Index threads)
+      : s(static_cast<std::size_t>(threads), row_matrix(L, L)), qs(static_cast<std::size_t>(threads), row_matrix(L, d)) {}
+  void run(inputs& x, Eigen::ThreadPool* pool, bool causal) {
+    const Index L = x.L, d = x.d;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    for_heads(pool, [&](Index h) {
       const auto t = static_cast<std::size_t>(pool ? pool->CurrentThreadId() : 0);
       qs[t] = x.Q().matrix(0, h) * scale;
       row_matrix& S = s[t];
@@ -161,7 +161,52 @@ void BM_naive(benchmark::State& state) {
     });
     benchmark::ClobberMemory();
   }
+  std::vector<row_matrix> s, qs;
+};
+
+void BM_naive(benchmark::State& state) {
+  const Index L = state.range(0), d = state.range(1), threads = state.range(3);
+  const bool causal = state.range(2) != 0;
+  inputs x(L, d);
+  const auto pool = make_pool(threads);
+  naive_attention naive(L, d, threads);
+  for (auto _ : state) naive.run(x, pool.get(), causal);
   set_counters(state, L, d, causal, 4.0 * static_cast<double>(L) * static_cast<double>(L) * static_cast<double>(d));
+}
+
+// The fused kernel against the naive attention as the median ratio of back-to-back call pairs in
+// alternating order (counter naive_over_fused): on this shared VM separate rows drift by 20-40 %
+// within minutes, pairs a few milliseconds apart see the same machine.
+void BM_fused_vs_naive(benchmark::State& state) {
+  const Index L = state.range(0), d = state.range(1), threads = state.range(3);
+  const bool causal = state.range(2) != 0;
+  inputs x(L, d);
+  const auto pool = make_pool(threads);
+  naive_attention naive(L, d, threads);
+  posenc::attention_options opt;
+  opt.causal = causal;
+  opt.pool = pool.get();
+  std::vector<double> ratios;
+  bool fused_first = false;
+  for (auto _ : state) {
+    double t[2];  // [fused, naive]
+    for (const bool fused : {fused_first, !fused_first}) {
+      const auto t0 = std::chrono::steady_clock::now();
+      if (fused) {
+        posenc::attention<float>(x.Q(), x.K(), x.V(), posenc::bshd(x.out.data(), 1, L, kHeads, d),
+                                 posenc::no_position{}, opt);
+        benchmark::ClobberMemory();
+      } else {
+        naive.run(x, pool.get(), causal);
+      }
+      t[fused ? 0 : 1] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    state.SetIterationTime(t[0] + t[1]);
+    ratios.push_back(t[1] / t[0]);
+    fused_first = !fused_first;
+  }
+  std::sort(ratios.begin(), ratios.end());
+  state.counters["naive_over_fused"] = ratios.empty() ? 0.0 : ratios[ratios.size() / 2];
 }
 
 void fused_args(benchmark::internal::Benchmark* b) {
@@ -188,6 +233,8 @@ BENCHMARK(BM_fused)->Apply(fused_args)->ArgNames({"L", "d", "causal", "threads"}
 BENCHMARK(BM_decode)->ArgsProduct({{1, 4, 8, 15, 16, 32, 64}, {4096}})->ArgNames({"rows", "Lk"})->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_gemm_qkT)->Apply(gemm_args)->ArgNames({"L", "d", "causal", "threads"})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_naive)->Apply(reference_args)->ArgNames({"L", "d", "causal", "threads"})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_fused_vs_naive)->ArgsProduct({{512}, {64, 128}, {0, 1}, {1, 2}})->ArgNames({"L", "d", "causal", "threads"})
+    ->Unit(benchmark::kMillisecond)->UseManualTime()->MinTime(3.0);
 
 }  // namespace
 
