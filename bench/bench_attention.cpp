@@ -13,13 +13,12 @@
 
 #include <posenc/attention.hpp>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdlib>
 #include <memory>
 #include <random>
 #include <vector>
 
+#include "pairs.hpp"
 #include "random.hpp"
 
 namespace {
@@ -174,9 +173,8 @@ void BM_naive(benchmark::State& state) {
   set_counters(state, L, d, causal, 4.0 * static_cast<double>(L) * static_cast<double>(L) * static_cast<double>(d));
 }
 
-// The fused kernel against the naive attention as the median ratio of back-to-back call pairs in
-// alternating order (counter naive_over_fused): on this shared VM separate rows drift by 20-40 %
-// within minutes, pairs a few milliseconds apart see the same machine.
+// The fused kernel against the naive attention in back-to-back call pairs (bench/pairs.hpp): counter
+// naive_over_fused, the median of time(naive) / time(fused).
 void BM_fused_vs_naive(benchmark::State& state) {
   const Index L = state.range(0), d = state.range(1), threads = state.range(3);
   const bool causal = state.range(2) != 0;
@@ -186,27 +184,14 @@ void BM_fused_vs_naive(benchmark::State& state) {
   posenc::attention_options opt;
   opt.causal = causal;
   opt.pool = pool.get();
-  std::vector<double> ratios;
-  bool fused_first = false;
-  for (auto _ : state) {
-    double t[2];  // [fused, naive]
-    for (const bool fused : {fused_first, !fused_first}) {
-      const auto t0 = std::chrono::steady_clock::now();
-      if (fused) {
+  state.counters["naive_over_fused"] = bench_util::median_pair_ratio(
+      state,
+      [&] {
         posenc::attention<float>(x.Q(), x.K(), x.V(), posenc::bshd(x.out.data(), 1, L, kHeads, d),
                                  posenc::no_position{}, opt);
         benchmark::ClobberMemory();
-      } else {
-        naive.run(x, pool.get(), causal);
-      }
-      t[fused ? 0 : 1] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    }
-    state.SetIterationTime(t[0] + t[1]);
-    ratios.push_back(t[1] / t[0]);
-    fused_first = !fused_first;
-  }
-  std::sort(ratios.begin(), ratios.end());
-  state.counters["naive_over_fused"] = ratios.empty() ? 0.0 : ratios[ratios.size() / 2];
+      },
+      [&] { naive.run(x, pool.get(), causal); });
 }
 
 void fused_args(benchmark::internal::Benchmark* b) {

@@ -11,14 +11,13 @@
 // BM_attention_rope_overhead (counter rope_over_none: median ratio of back-to-back call pairs).
 #include <benchmark/benchmark.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
 #include "posenc/attention.hpp"
 #include "posenc/rope.hpp"
+#include "pairs.hpp"
 
 namespace {
 
@@ -171,27 +170,11 @@ void BM_attention(benchmark::State& state) {
   for (auto _ : state) x.run(with_rope);
 }
 
-/// RoPE's overhead in attention as the ratio of two calls timed back to back, one with RoPE and one
-/// without, in alternating order; counter `rope_over_none` is the median of the per-pair ratios. On
-/// a shared VM whose speed drifts by 20-40 % within minutes, pairs a few milliseconds apart see the
-/// same machine, where BM_attention's separate rows do not.
+/// RoPE's overhead in attention from back-to-back call pairs (bench/pairs.hpp): counter
+/// rope_over_none, the median of time(with RoPE) / time(without).
 void BM_attention_rope_overhead(benchmark::State& state) {
   attention_inputs x(state.range(0));
-  std::vector<double> ratios;
-  bool rope_first = false;
-  for (auto _ : state) {
-    double t[2];  // [none, rope]
-    for (const bool with_rope : {rope_first, !rope_first}) {
-      const auto t0 = std::chrono::steady_clock::now();
-      x.run(with_rope);
-      t[with_rope ? 1 : 0] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    }
-    state.SetIterationTime(t[0] + t[1]);
-    ratios.push_back(t[1] / t[0]);
-    rope_first = !rope_first;
-  }
-  std::sort(ratios.begin(), ratios.end());
-  state.counters["rope_over_none"] = ratios.empty() ? 0.0 : ratios[ratios.size() / 2];
+  state.counters["rope_over_none"] = bench_util::median_pair_ratio(state, [&] { x.run(false); }, [&] { x.run(true); });
 }
 
 void apply_args(benchmark::internal::Benchmark* b) {
