@@ -56,11 +56,23 @@ std::unique_ptr<Eigen::ThreadPool> make_pool(Index threads) {
   return threads > 1 ? std::make_unique<Eigen::ThreadPool>(static_cast<int>(threads)) : nullptr;
 }
 
+/// A row's arguments (L, d, causal, threads), its inputs and its pool.
+struct bench_case {
+  explicit bench_case(const benchmark::State& state)
+      : L(state.range(0)), d(state.range(1)), threads(state.range(3)), causal(state.range(2) != 0), x(L, d),
+        pool(make_pool(threads)) {}
+  Index L, d, threads;
+  bool causal;
+  inputs x;
+  std::unique_ptr<Eigen::ThreadPool> pool;
+};
+
 void BM_fused(benchmark::State& state) {
-  const Index L = state.range(0), d = state.range(1), threads = state.range(3);
-  const bool causal = state.range(2) != 0;
-  inputs x(L, d);
-  const auto pool = make_pool(threads);
+  bench_case c(state);
+  const Index L = c.L, d = c.d;
+  const bool causal = c.causal;
+  inputs& x = c.x;
+  const auto& pool = c.pool;
   posenc::attention_options opt;
   opt.causal = causal;
   opt.pool = pool.get();
@@ -124,10 +136,11 @@ using row_matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::R
 
 // The practical peak: S = Q K^T per head (one [L x L] product), the kernel's dominant shape.
 void BM_gemm_qkT(benchmark::State& state) {
-  const Index L = state.range(0), d = state.range(1), threads = state.range(3);
-  inputs x(L, d);
-  const auto pool = make_pool(threads);
-  std::vector<row_matrix> s(static_cast<std::size_t>(threads), row_matrix(L, L));
+  bench_case c(state);
+  const Index L = c.L, d = c.d;
+  inputs& x = c.x;
+  const auto& pool = c.pool;
+  std::vector<row_matrix> s(static_cast<std::size_t>(c.threads), row_matrix(L, L));
   for (auto _ : state) {
     for_heads(pool.get(), [&](Index h) {
       const Index t = pool ? pool->CurrentThreadId() : 0;
@@ -164,34 +177,29 @@ struct naive_attention {
 };
 
 void BM_naive(benchmark::State& state) {
-  const Index L = state.range(0), d = state.range(1), threads = state.range(3);
-  const bool causal = state.range(2) != 0;
-  inputs x(L, d);
-  const auto pool = make_pool(threads);
-  naive_attention naive(L, d, threads);
-  for (auto _ : state) naive.run(x, pool.get(), causal);
-  set_counters(state, L, d, causal, 4.0 * static_cast<double>(L) * static_cast<double>(L) * static_cast<double>(d));
+  bench_case c(state);
+  naive_attention naive(c.L, c.d, c.threads);
+  for (auto _ : state) naive.run(c.x, c.pool.get(), c.causal);
+  set_counters(state, c.L, c.d, c.causal,
+               4.0 * static_cast<double>(c.L) * static_cast<double>(c.L) * static_cast<double>(c.d));
 }
 
 // The fused kernel against the naive attention in back-to-back call pairs (bench/pairs.hpp): counter
 // naive_over_fused, the median of time(naive) / time(fused).
 void BM_fused_vs_naive(benchmark::State& state) {
-  const Index L = state.range(0), d = state.range(1), threads = state.range(3);
-  const bool causal = state.range(2) != 0;
-  inputs x(L, d);
-  const auto pool = make_pool(threads);
-  naive_attention naive(L, d, threads);
+  bench_case c(state);
+  naive_attention naive(c.L, c.d, c.threads);
   posenc::attention_options opt;
-  opt.causal = causal;
-  opt.pool = pool.get();
+  opt.causal = c.causal;
+  opt.pool = c.pool.get();
   state.counters["naive_over_fused"] = bench_util::median_pair_ratio(
       state,
       [&] {
-        posenc::attention<float>(x.Q(), x.K(), x.V(), posenc::bshd(x.out.data(), 1, L, kHeads, d),
+        posenc::attention<float>(c.x.Q(), c.x.K(), c.x.V(), posenc::bshd(c.x.out.data(), 1, c.L, kHeads, c.d),
                                  posenc::no_position{}, opt);
         benchmark::ClobberMemory();
       },
-      [&] { naive.run(x, pool.get(), causal); });
+      [&] { naive.run(c.x, c.pool.get(), c.causal); });
 }
 
 void fused_args(benchmark::internal::Benchmark* b) {
