@@ -233,8 +233,10 @@ class fused_attention {
     units_per_item_ = std::clamp<index>(units / (2 * threads), 1, default_units_per_item);
     units_per_group_ = group_ * q_blocks_;
     items_per_group_ = (units_per_group_ + units_per_item_ - 1) / units_per_item_;
-    // A query block of one row without GQA multiplies through expressions on unpacked keys.
-    const bool all_packed = group_ > 1 || (q_block_ > 1 && q_len_ % q_block_ != 1);
+    // Blocks that multiply through expressions (packed_products) need the keys unpacked; only the
+    // last query block can be shorter than the others.
+    const index last_rows = q_len_ - (q_blocks_ - 1) * q_block_;
+    const bool all_packed = packed_products(std::min(q_block_, q_len_), group_) && packed_products(last_rows, group_);
     if (!transforms) keys_ = key_mode::caller;
     else if (items_per_group_ == 1) keys_ = key_mode::worker;
     else if (!hooks_read_qk && all_packed) keys_ = key_mode::shared_packed;
@@ -288,11 +290,10 @@ class fused_attention {
   /// +4.4 / +4.1 / +2.3 % when every work item transformed its own keys (a token rotated once per item).
   const T* ensure_keys(index b, index hk, index kb, attention_scratch<T>& sc) {
     std::atomic<std::uint8_t>& state = key_state_[static_cast<std::size_t>((b * kv_heads_ + hk) * k_blocks_ + kb)];
-    constexpr std::uint8_t todo = 0, busy = 1, done = 2;
     T* shared = shared_block(b, hk, kb);
-    if (state.load(std::memory_order_acquire) == done) return shared;
-    std::uint8_t expected = todo;
-    if (state.compare_exchange_strong(expected, busy, std::memory_order_acq_rel)) {
+    if (state.load(std::memory_order_acquire) == key_done) return shared;
+    std::uint8_t expected = key_todo;
+    if (state.compare_exchange_strong(expected, key_busy, std::memory_order_acq_rel)) {
       const key_block& blk = block_of(b, kb);
       const matrix_map<T> kt = transformed_block(b, hk, blk, sc);
       const T* mine = kt.data();
@@ -302,10 +303,10 @@ class fused_attention {
         mine = packed;
       }
       stream_copy(shared, mine, blk.cols * dim_ * static_cast<index>(sizeof(T)));
-      state.store(done, std::memory_order_release);
+      state.store(key_done, std::memory_order_release);
       return mine;
     }
-    while (state.load(std::memory_order_acquire) != done) std::this_thread::yield();  // one block's transform
+    while (state.load(std::memory_order_acquire) != key_done) std::this_thread::yield();  // one block's transform
     return shared;
   }
 
@@ -426,7 +427,7 @@ class fused_attention {
       const index kcols = p.kcols;
       // The block's keys and values, packed once for all units (keys once per call in
       // key_mode::shared_packed).
-      const T* k_packed = sc.k_packed.data();
+      const T* k_packed = nullptr;
       const const_matrix_map<T> k_tile = [&] {
         if constexpr (transforms) {
           if (keys_ == key_mode::worker) {
@@ -590,6 +591,7 @@ class fused_attention {
   // the block's rows (shared) or the block packed (shared_packed).
   typename gemm::buffer shared_keys_;
   std::unique_ptr<std::atomic<std::uint8_t>[]> key_state_;  // per (batch, kv head, key block): ensure_keys
+  static constexpr std::uint8_t key_todo = 0, key_busy = 1, key_done = 2;
   std::atomic<bool> bad_bucket_{false};
 };
 
