@@ -310,6 +310,19 @@ class fused_attention {
     return shared;
   }
 
+  /// Prefetches keys r0 .. r1-1 of block kb for its first use: the caller's rows, which the packing
+  /// or the transform reads, or the shared transformed block once another item has made it (its
+  /// caller rows are then not read again).
+  void prefetch_keys(index b, index hk, index kb, index r0, index r1) {
+    if ((keys_ == key_mode::shared || keys_ == key_mode::shared_packed) &&
+        key_state_[static_cast<std::size_t>((b * kv_heads_ + hk) * k_blocks_ + kb)].load(std::memory_order_relaxed) ==
+            key_done) {
+      prefetch_bytes(shared_block(b, hk, kb) + r0 * dim_, (r1 - r0) * dim_ * static_cast<index>(sizeof(T)), false);
+      return;
+    }
+    prefetch_rows(k_.matrix(b, hk, block_of(b, kb).first + r0, r1 - r0), false);
+  }
+
   /// Elements per block of the shared keys: a whole number of the alignment that the packed layout's
   /// packet loads and the streamed copy need.
   [[nodiscard]] index shared_block_size() const {
@@ -469,7 +482,7 @@ class fused_attention {
         if (next != nullptr) {
           const index n = next->kcols, r0 = n * slice / visible, r1 = n * (slice + 1) / visible;
           const index first = block_of(b, next->kb).first + r0;
-          prefetch_rows(k_.matrix(b, hk, first, r1 - r0), false);  // what K's transform reads
+          prefetch_keys(b, hk, next->kb, r0, r1);
           prefetch_rows(v_.matrix(b, hk, first, r1 - r0), false);
         } else {
           const query_unit& u = units[static_cast<std::size_t>(i)];
