@@ -573,6 +573,41 @@ TEST_CASE("attention: explicit scale, and the overload without lse writes the sa
   expect_close<double>(a, r, "out");
 }
 
+// ---- packing in pieces ----------------------------------------------------------------------------
+
+// The kernel transforms Q/K rows piece by piece and packs each piece at its offset
+// (fused_attention::transform_packed); that is only the whole operand's layout when the pieces end
+// at multiples of tile_gemm::pack_step. Checked bitwise against packing all rows at once.
+template <class T>
+void check_piecewise_packing() {
+  using gemm = posenc::detail::tile_gemm<T>;
+  for (const Index depth : {1, 8, 64, 129})
+    for (const Index rows : {Index{1}, Index{3}, gemm::pack_step - 1, gemm::pack_step, gemm::pack_step + 5,
+                             3 * gemm::pack_step + 17}) {
+      INFO("rows " << rows << " depth " << depth);
+      std::mt19937 rng(static_cast<unsigned>(rows * 1000 + depth));
+      std::normal_distribution<double> n;
+      std::vector<T> m(static_cast<std::size_t>(rows * depth));
+      for (auto& e : m) e = static_cast<T>(n(rng));
+      for (const bool as_a : {true, false}) {
+        typename gemm::buffer whole(rows * depth), pieces(rows * depth);
+        auto pack = [&](T* dst, const T* from, Index n) {
+          if (as_a) gemm::pack_a(dst, from, depth, n, depth);
+          else gemm::pack_b(dst, from, depth, n, depth);
+        };
+        pack(whole.data(), m.data(), rows);
+        for (Index r = 0; r < rows; r += gemm::pack_step)
+          pack(pieces.data() + r * depth, m.data() + r * depth, std::min(gemm::pack_step, rows - r));
+        CHECK(whole == pieces);
+      }
+    }
+}
+
+TEST_CASE("tile_gemm: packing in pack_step pieces gives the whole operand's layout", "[kernel]") {
+  check_piecewise_packing<float>();
+  check_piecewise_packing<double>();
+}
+
 // ---- each hook kind ------------------------------------------------------------------------------
 
 // A token transformed twice would be rotated twice (the reference comparison fails) or counted
@@ -588,7 +623,14 @@ TEST_CASE("attention: Q/K transform once per token (each kv head once under GQA)
                                     .pad = padding::lengths, .off = offset::explicit_positions, .q_block = 4,
                                     .k_block = 16},
                              config{.B = 2, .Sq = 300, .Sk = 290, .H = 4, .Hkv = 2, .q_block = 16, .k_block = 32},
-                             config{.B = 1, .Sq = 65, .Sk = 65, .H = 2, .Hkv = 2, .q_block = 16, .k_block = 24}}) {
+                             config{.B = 1, .Sq = 65, .Sk = 65, .H = 2, .Hkv = 2, .q_block = 16, .k_block = 24},
+                             // blocks of several transform_packed pieces (48 rows at D = 64) with a
+                             // short last piece: one item per kv head (key_mode::worker_packed), causal
+                             // cuts inside a key block; then items sharing the packed keys
+                             config{.B = 2, .Sq = 200, .Sk = 200, .H = 2, .Hkv = 2, .D = 64, .causal = true,
+                                    .q_block = 100, .k_block = 150},
+                             config{.B = 1, .Sq = 200, .Sk = 230, .H = 4, .Hkv = 2, .D = 64, .q_block = 50,
+                                    .k_block = 150}}) {
     INFO(describe(base));
     const problem p(base);
     const bool every_block_seen = !base.causal && base.pad == padding::none;

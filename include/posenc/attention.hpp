@@ -18,8 +18,10 @@
 // blocks of one row without GQA (MHA decode steps) multiply through Eigen expressions (GEMV).
 // Q/K transforms run once per token: queries into the unit's copy; keys into the worker's copy of
 // the block when one item holds all of a kv head's queries, else, per block on first use, into a
-// copy shared by the kv head's items (key_mode). transform_qk receives the query head for queries
-// and the kv head for keys (a kv head is transformed once for its GQA group).
+// copy shared by the kv head's items (key_mode). When no hook reads the transformed rows, they go
+// straight into the packed operands, a few rows at a time through L1 (transform_packed).
+// transform_qk receives the query head for queries and the kv head for keys (a kv head is
+// transformed once for its GQA group).
 // Nothing proportional to q_len x k_len is ever allocated: per thread O(units x q_block x d) query
 // copies and O(q_block x k_block) scores, kept for the thread's next call; per call O(batch x len)
 // positions (and the shared transformed keys, O(L d) per kv head, only for Q/K transforms when a
@@ -80,6 +82,8 @@ inline constexpr index default_units_per_item = 4;
 enum class key_mode {
   caller,         ///< no transform: K is read from the caller's buffer
   worker,         ///< one work item holds all of the kv head's queries: the worker's cache-resident copy
+  worker_packed,  ///< the same, transformed straight into the packed block (transform_packed), when no
+                  ///< hook reads the tile's keys and every query block is packed
   shared,         ///< items share a copy of K, transformed block by block on first use (ensure_keys)
   shared_packed,  ///< the same, stored packed as GEBP's A operand, so that the items neither re-read
                   ///< the caller's rows nor re-pack the block: when no hook reads the tile's keys and
@@ -175,14 +179,15 @@ struct attention_scratch {
   using buffer = typename tile_gemm<T>::buffer;
   /// Per query unit of an item.
   struct unit_state {
-    buffer q_work;    ///< transformed queries (Q/K transforms only)
+    buffer q_work;    ///< transformed queries (Q/K transforms, when a hook reads them or Q is not packed)
     buffer q_scaled;  ///< scale * queries: left operand of the expression path
     buffer q_packed;  ///< queries packed as the B operand of S^T = K Q^T (packed path)
     buffer acc_out, acc_buckets;
     online_softmax<T> softmax;
   };
   std::vector<unit_state> units;
-  buffer k_work;  ///< a transformed key block (Q/K transforms: key_mode worker, shared, shared_packed)
+  buffer k_work;  ///< a transformed key block (Q/K transforms: key_mode worker, shared)
+  buffer qk_piece;  ///< a few transformed rows on their way to a packed operand (transform_packed)
   buffer k_packed, v_packed, p_packed, scores;
   Eigen::Matrix<std::int32_t, Eigen::Dynamic, 1> buckets;
   std::vector<block_plan> plan;  ///< the current item's key blocks
@@ -237,10 +242,15 @@ class fused_attention {
     // last query block can be shorter than the others.
     const index last_rows = q_len_ - (q_blocks_ - 1) * q_block_;
     const bool all_packed = packed_products(std::min(q_block_, q_len_), group_) && packed_products(last_rows, group_);
+    const bool keys_packed_only = !hooks_read_qk && all_packed;  // nothing reads the unpacked keys
     if (!transforms) keys_ = key_mode::caller;
-    else if (items_per_group_ == 1) keys_ = key_mode::worker;
-    else if (!hooks_read_qk && all_packed) keys_ = key_mode::shared_packed;
-    else keys_ = key_mode::shared;
+    else if (items_per_group_ == 1) keys_ = keys_packed_only ? key_mode::worker_packed : key_mode::worker;
+    else keys_ = keys_packed_only ? key_mode::shared_packed : key_mode::shared;
+    // Rows per piece of transform_packed: whole packing steps, about 16 KiB, so the piece stays in L1
+    // (48 rows at d = 128 in float; 96 and 192 rows measured the same within the pair benchmark's
+    // noise, RoPE at L = 1024).
+    piece_rows_ = std::max<index>(1, (16384 / static_cast<index>(sizeof(T)) / std::max<index>(dim_, 1)) /
+                                         gemm::pack_step) * gemm::pack_step;
   }
 
   void run(Eigen::ThreadPoolInterface* pool) {
@@ -275,6 +285,34 @@ class fused_attention {
     }
   }
 
+  /// Q/K transform of `src` (rows of `role`, positions `pos`) straight into its packed layout (`as_a`:
+  /// GEBP's A operand, keys; else its B operand, queries), for when nothing reads the transformed rows
+  /// unpacked. It runs piece by piece: piece_rows_ rows are transformed into an L1-resident buffer and
+  /// packed from there, so the transformed rows never make a round trip through L2 (packing piecewise
+  /// gives the whole's layout: tile_gemm::pack_step).
+  void transform_packed(qk_role role, index head, std::span<const std::int64_t> pos, const const_matrix_map<T>& src,
+                        T* packed, bool as_a, attention_scratch<T>& sc) const {
+    T* piece = attention_scratch<T>::at_least(sc.qk_piece, piece_rows_ * dim_);
+    const index rows = src.rows();
+    for (index r = 0; r < rows; r += piece_rows_) {
+      const index n = std::min(piece_rows_, rows - r);
+      transform_into(role, head, pos.subspan(static_cast<std::size_t>(r), static_cast<std::size_t>(n)),
+                     const_matrix_map<T>(src.data() + r * src.outerStride(), n, dim_,
+                                         Eigen::OuterStride<>(src.outerStride())),
+                     matrix_map<T>(piece, n, dim_, Eigen::OuterStride<>(dim_)));
+      if (as_a) gemm::pack_a(packed + r * dim_, piece, dim_, n, dim_);
+      else gemm::pack_b(packed + r * dim_, piece, dim_, n, dim_);
+    }
+  }
+
+  /// Key block `blk` of (batch b, kv head hk) transformed and packed into the worker's buffer.
+  const T* transformed_packed_block(index b, index hk, const key_block& blk, attention_scratch<T>& sc) const {
+    T* packed = attention_scratch<T>::at_least(sc.k_packed, blk.cols * dim_);
+    transform_packed(qk_role::key, hk, std::span<const std::int64_t>(masks_.kp(b) + blk.first, blk.cols),
+                     k_.matrix(b, hk, blk.first, blk.cols), packed, true, sc);
+    return packed;
+  }
+
   /// Q/K transform of key block kb of (batch b, kv head hk) into the shared copy of K, exactly once
   /// per call: the first work item that needs the block transforms it (just before use, after its
   /// rows were prefetched during the previous block), items that need it meanwhile wait for it.
@@ -295,13 +333,8 @@ class fused_attention {
     std::uint8_t expected = key_todo;
     if (state.compare_exchange_strong(expected, key_busy, std::memory_order_acq_rel)) {
       const key_block& blk = block_of(b, kb);
-      const matrix_map<T> kt = transformed_block(b, hk, blk, sc);
-      const T* mine = kt.data();
-      if (keys_ == key_mode::shared_packed) {
-        T* packed = attention_scratch<T>::at_least(sc.k_packed, blk.cols * dim_);
-        gemm::pack_a(packed, kt.data(), kt.outerStride(), blk.cols, dim_);
-        mine = packed;
-      }
+      const T* mine = keys_ == key_mode::shared_packed ? transformed_packed_block(b, hk, blk, sc)
+                                                       : transformed_block(b, hk, blk, sc).data();
       stream_copy(shared, mine, blk.cols * dim_ * static_cast<index>(sizeof(T)));
       state.store(key_done, std::memory_order_release);
       return mine;
@@ -360,8 +393,18 @@ class fused_attention {
   }
 
   /// The unit's queries, transformed once (Q/K transforms), packed or scaled for the score products.
-  const_matrix_map<T> prepare_queries(index b, const query_unit& u, typename attention_scratch<T>::unit_state& st) {
+  /// Returns the (transformed) queries for the hooks: none (no rows) when no hook reads them and they
+  /// were transformed straight into the packed operand.
+  const_matrix_map<T> prepare_queries(index b, const query_unit& u, attention_scratch<T>& sc,
+                                      typename attention_scratch<T>::unit_state& st) {
     using scratch = attention_scratch<T>;
+    if constexpr (transforms && !hooks_read_qk) {
+      if (u.packed) {
+        transform_packed(qk_role::query, u.head, std::span<const std::int64_t>(u.q_pos, u.rows),
+                         q_.matrix(b, u.head, u.q0, u.rows), scratch::at_least(st.q_packed, u.rows * dim_), false, sc);
+        return const_matrix_map<T>(nullptr, 0, dim_, Eigen::OuterStride<>(dim_));
+      }
+    }
     const const_matrix_map<T> q = [&] {
       if constexpr (transforms) {
         matrix_map<T> qt(scratch::at_least(st.q_work, u.rows * dim_), u.rows, dim_, Eigen::OuterStride<>(dim_));
@@ -447,6 +490,10 @@ class fused_attention {
             const matrix_map<T> kt = transformed_block(b, hk, blk, sc);
             return const_matrix_map<T>(kt.data(), kcols, dim_, Eigen::OuterStride<>(dim_));
           }
+          if (keys_ == key_mode::worker_packed) {
+            k_packed = transformed_packed_block(b, hk, blk, sc);
+            return const_matrix_map<T>(nullptr, 0, dim_, Eigen::OuterStride<>(dim_));  // no hook reads it
+          }
           const T* first = ensure_keys(b, hk, p.kb, sc);
           if (keys_ == key_mode::shared_packed) {
             k_packed = first;
@@ -459,7 +506,7 @@ class fused_attention {
       }();
       const const_matrix_map<T> v_tile = v_.matrix(b, hk, blk.first, kcols);
       if (p.any_packed) {
-        if (keys_ != key_mode::shared_packed) {
+        if (k_packed == nullptr) {  // unless the transform packed it (key_mode worker_packed, shared_packed)
           gemm::pack_a(scratch::at_least(sc.k_packed, kcols * dim_), k_tile.data(), k_tile.outerStride(), kcols, dim_);
           k_packed = sc.k_packed.data();
         }
@@ -491,7 +538,7 @@ class fused_attention {
         ++slice;
         auto& q_tile = q_tiles[static_cast<std::size_t>(i)];
         if (!q_tile) {
-          q_tile.emplace(prepare_queries(b, units[static_cast<std::size_t>(i)], sc.units[static_cast<std::size_t>(i)]));
+          q_tile.emplace(prepare_queries(b, units[static_cast<std::size_t>(i)], sc, sc.units[static_cast<std::size_t>(i)]));
           if (i + 1 < n_units && !q_tiles[static_cast<std::size_t>(i + 1)]) {
             const query_unit& w = units[static_cast<std::size_t>(i + 1)];
             prefetch_rows(q_.matrix(b, w.head, w.q0, w.rows), false);
@@ -599,6 +646,7 @@ class fused_attention {
   index heads_, kv_heads_, group_, dim_, vdim_, q_len_, k_len_, q_blocks_, k_blocks_;
   index chunk_s_ = 0, chunk_pv_ = 0, units_per_item_ = 1, units_per_group_ = 0, items_per_group_ = 0;
   key_mode keys_ = key_mode::caller;
+  index piece_rows_ = 1;  ///< rows per piece of transform_packed
   std::vector<key_block> key_blocks_;
   // Transformed keys (key_mode shared*): per (batch, kv head, key block), shared_block_size() apart,
   // the block's rows (shared) or the block packed (shared_packed).

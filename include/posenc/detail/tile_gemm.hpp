@@ -20,6 +20,7 @@
 #pragma once
 
 #include <algorithm>
+#include <numeric>
 
 #include <Eigen/Core>
 
@@ -39,6 +40,10 @@ class tile_gemm {
  public:
   /// Rows of A per micro-panel: a packed A's row prefix is itself a packed A only at multiples of it.
   static constexpr index a_panel = traits::mr;
+  /// Rows after which an operand may be packed piecewise: packing rows [0, r) and [r, n) at offset
+  /// r * depth gives the layout of packing all n rows at once, for pack_a and pack_b alike, when r is
+  /// a multiple of this (whole micro-panels of A, mr rows, and of B, nr columns).
+  static constexpr index pack_step = std::lcm(static_cast<index>(traits::mr), static_cast<index>(traits::nr));
   /// Packed operands live in aligned buffers (the micro-kernel loads A with aligned packet loads).
   using buffer = Eigen::Matrix<T, Eigen::Dynamic, 1>;
 
