@@ -93,8 +93,8 @@ class rope_table {
   [[nodiscard]] index rotary_dim() const { return id_.rotary_dim; }
   [[nodiscard]] rope_layout layout() const { return id_.layout; }
   [[nodiscard]] bool contains(std::int64_t p) const { return p >= id_.first && p - id_.first < id_.count; }
-  /// Values per position (rotary_dim for half, 2 * rotary_dim for interleaved; detail/rope_kernels.hpp).
-  [[nodiscard]] index width() const { return detail::row_width(id_.rotary_dim, id_.layout == rope_layout::interleaved); }
+  /// Values per position: rotary_dim, cos and sin of each pair (layout: detail/rope_kernels.hpp).
+  [[nodiscard]] index width() const { return detail::row_width(id_.rotary_dim); }
   [[nodiscard]] const T* row(std::int64_t p) const { return data_.get() + (p - id_.first) * width(); }
   /// Bytes of the table (what one pass over it reads).
   [[nodiscard]] std::size_t bytes() const { return values() * sizeof(T); }
@@ -274,7 +274,7 @@ class rope_frequencies {
 
   [[nodiscard]] bool interleaved() const { return layout_ == rope_layout::interleaved; }
   [[nodiscard]] index pairs() const { return rotary_dim_ / 2; }
-  [[nodiscard]] index width() const { return detail::row_width(rotary_dim_, interleaved()); }
+  [[nodiscard]] index width() const { return detail::row_width(rotary_dim_); }
 
   /// Rows of positions first .. first+count-1 into out (count * width() values).
   template <class T>

@@ -4,15 +4,17 @@
 // (RoFormer eq. 13-15). The cos/sin of one token are computed once into a small "row" and applied to
 // every head of that token, so the rotate loops below only stream x: they are contiguous,
 // branch-free and vectorize with g++/clang++ -O3 -march=native (docs/rope.md has the -fopt-info-vec
-// evidence). A row holds, per layout:
+// evidence). A row holds rotary_dim values, per layout:
 //   half        [cos_0 .. cos_{h-1} | sin_0 .. sin_{h-1}]            (h = rotary_dim/2)
-//   interleaved [cos_0 cos_0 cos_1 cos_1 .. | -sin_0 +sin_0 -sin_1 +sin_1 ..]
-// so the interleaved loop needs no shuffles of cos/sin: out[2k] = x[2k] c - x[2k+1] s and
-// out[2k+1] = x[2k+1] c + x[2k] s become out[j] = x[j] cc[j] + x[j^1] ss[j].
+//   interleaved [cos_0 sin_0 cos_1 sin_1 ..]                           (the pairs of x, in order)
+// The interleaved row used to be [cos_0 cos_0 cos_1 cos_1 .. | -sin_0 +sin_0 ..] (twice the width, no
+// cos/sin shuffles in the loop); inside attention the table rows come from memory for every head, and
+// that width cost more than the two in-register duplications (docs/rope.md, Fused attention).
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <numbers>
 #include <vector>
 
@@ -33,10 +35,8 @@ namespace posenc::detail {
   return (a - k * c1) - k * c2;
 }
 
-/// Row width for a rotary dim d: half stores d values (h cos + h sin), interleaved 2d (duplicated).
-[[nodiscard]] inline index row_width(index rotary_dim, bool interleaved) {
-  return interleaved ? 2 * rotary_dim : rotary_dim;
-}
+/// Row width for a rotary dim d: d values (h cos + h sin) in both layouts.
+[[nodiscard]] inline index row_width(index rotary_dim) { return rotary_dim; }
 
 /// Write one row from cos/sin values of the h pairs, times `scale` (the attention factor, or 1 when the
 /// values already carry it).
@@ -48,12 +48,9 @@ inline void store_row(const Src* c, const Src* s, Src scale, index h, bool inter
       row[h + k] = static_cast<T>(s[k] * scale);
     }
   } else {
-    T* cc = row;
-    T* ss = row + 2 * h;
     for (index k = 0; k < h; ++k) {
-      cc[2 * k] = cc[2 * k + 1] = static_cast<T>(c[k] * scale);
-      ss[2 * k] = static_cast<T>(-(s[k] * scale));
-      ss[2 * k + 1] = static_cast<T>(s[k] * scale);
+      row[2 * k] = static_cast<T>(c[k] * scale);
+      row[2 * k + 1] = static_cast<T>(s[k] * scale);
     }
   }
 }
@@ -150,35 +147,49 @@ inline void rotate_half_copy(const T* __restrict in, T* __restrict out, const T*
   }
 }
 
-// Interleaved layout: out[j] = x[j] cc[j] + x[j^1] ss[j]. Written as the natural pair loop, both
-// compilers treat x, cc and ss as stride-2 groups and fully de- and re-interleave them (8 permutes
-// per 16 floats, measured 35-50 % slower than the half layout). Written per block of 16 values with
-// the in-pair swap spelled out, the block is straight-line code that the SLP vectorizer turns into
-// one in-lane shuffle (vpermilps 0xB1) plus a multiply and an FMA per vector; the block loop itself
-// must not be loop-vectorized (clang would gather across blocks), hence the pragma.
-inline constexpr index interleaved_block = 16;
-
-/// Interleaved layout: out = rotated in. out may be in (in place): each block is loaded whole before
-/// it is stored, so in and out carry no __restrict (the SLP vectorization of the block does not
-/// need it, verified with -Rpass=slp-vectorizer, docs/rope.md).
+// Interleaved layout, row [c_0 s_0 c_1 s_1 ..]: out[2k] = x[2k] c_k - x[2k+1] s_k and
+// out[2k+1] = x[2k+1] c_k + x[2k] s_k, i.e. per 8-lane vector out = x * dup_even(row) +
+// swap_pairs(x) * dup_odd(row) * (-1, +1, ..). Written as the natural pair loop, both compilers
+// de- and re-interleave x (stride-2 groups, 8 permutes per 16 floats); written per block with the
+// lane patterns as array indices, clang turns the duplications into gathers. So the block is spelled
+// with GCC/Clang vector extensions (__builtin_shufflevector, both compilers since GCC 12): g++ 12 and
+// clang++ 14 -O3 -march=native emit one vmovups of x and of the row, vpermilps $177 (pair swap),
+// vmovsldup / vmovshdup (or vpermilps $160 / $245), two vmulps and one vfmadd per 8 floats; without
+// AVX the same source becomes SSE shuffles.
 template <class T>
-inline void rotate_interleaved(const T* in, T* out, const T* __restrict cc, const T* __restrict ss, index h) {
-  constexpr index B = interleaved_block;
+struct pair_vector;  // 8 lanes = 4 pairs (explicit: g++ drops vector_size on a dependent type)
+template <>
+struct pair_vector<float> {
+  using type = float __attribute__((vector_size(32)));
+};
+template <>
+struct pair_vector<double> {
+  using type = double __attribute__((vector_size(64)));
+};
+
+/// Interleaved layout: out = rotated in. out may be in (in place): each vector is loaded whole
+/// before it is stored, so in and out carry no __restrict.
+template <class T>
+inline void rotate_interleaved(const T* in, T* out, const T* __restrict cs, index h) {
+  using V = typename pair_vector<T>::type;
+  constexpr index lanes = 8;
+  const V sign = {-1, 1, -1, 1, -1, 1, -1, 1};
   const index n = 2 * h;
   index j0 = 0;
-#if defined(__clang__)
-#pragma clang loop vectorize(disable) interleave(disable)
-#endif
-  for (; j0 + B <= n; j0 += B) {
-    T v[B], sw[B];
-    for (index j = 0; j < B; ++j) v[j] = in[j0 + j];
-    for (index j = 0; j < B; ++j) sw[j] = v[j ^ 1];
-    for (index j = 0; j < B; ++j) out[j0 + j] = v[j] * cc[j0 + j] + sw[j] * ss[j0 + j];
+  for (; j0 + lanes <= n; j0 += lanes) {
+    V x, r;
+    std::memcpy(&x, in + j0, sizeof(V));  // unaligned loads; memcpy is how vector types alias T
+    std::memcpy(&r, cs + j0, sizeof(V));
+    const V swapped = __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6);
+    const V c = __builtin_shufflevector(r, r, 0, 0, 2, 2, 4, 4, 6, 6);
+    const V s = __builtin_shufflevector(r, r, 1, 1, 3, 3, 5, 5, 7, 7);
+    const V o = x * c + swapped * (s * sign);
+    std::memcpy(out + j0, &o, sizeof(V));
   }
-  for (; j0 < n; j0 += 2) {
-    const T a = in[j0], b = in[j0 + 1];
-    out[j0] = a * cc[j0] + b * ss[j0];
-    out[j0 + 1] = b * cc[j0 + 1] + a * ss[j0 + 1];
+  for (; j0 < n; j0 += 2) {  // rotary_dim not a multiple of 8
+    const T a = in[j0], b = in[j0 + 1], c = cs[j0], s = cs[j0 + 1];
+    out[j0] = a * c - b * s;
+    out[j0 + 1] = b * c + a * s;
   }
 }
 
@@ -186,7 +197,7 @@ inline void rotate_interleaved(const T* in, T* out, const T* __restrict cc, cons
 template <class T>
 inline void rotate_row_inplace(T* x, const T* row, index rotary_dim, bool interleaved) {
   const index h = rotary_dim / 2;
-  if (interleaved) rotate_interleaved(x, x, row, row + rotary_dim, h);
+  if (interleaved) rotate_interleaved(x, x, row, h);
   else rotate_half_inplace(x, x + h, row, row + h, h);
 }
 
@@ -194,7 +205,7 @@ inline void rotate_row_inplace(T* x, const T* row, index rotary_dim, bool interl
 template <class T>
 inline void rotate_row_copy(const T* in, T* out, const T* row, index rotary_dim, index head_dim, bool interleaved) {
   const index h = rotary_dim / 2;
-  if (interleaved) rotate_interleaved(in, out, row, row + rotary_dim, h);
+  if (interleaved) rotate_interleaved(in, out, row, h);
   else rotate_half_copy(in, out, row, row + h, h);
   for (index j = rotary_dim; j < head_dim; ++j) out[j] = in[j];
 }
