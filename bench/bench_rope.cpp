@@ -141,11 +141,14 @@ void BM_rope_table_build(benchmark::State& state) {
       benchmark::Counter(static_cast<double>(S * D / 2), benchmark::Counter::kIsIterationInvariantRate);
 }
 
-/// Attention (float, one thread, causal, H = 8, d = 128) with RoPE fused vs without an encoding.
+/// Attention (float, one thread, causal, H = 8, d = 128) with RoPE fused (either layout) vs without an
+/// encoding.
 struct attention_inputs {
   static constexpr posenc::index heads = 8;
-  explicit attention_inputs(posenc::index L)
-      : n(static_cast<std::size_t>(L * heads * D)), q(random_floats(n, 4)), k(random_floats(n, 5)),
+  explicit attention_inputs(posenc::index L, bool interleaved = false)
+      : r(posenc::rope_config{.head_dim = D, .rope_theta = 5e5,
+                              .layout = interleaved ? posenc::rope_layout::interleaved : posenc::rope_layout::half}),
+        n(static_cast<std::size_t>(L * heads * D)), q(random_floats(n, 4)), k(random_floats(n, 5)),
         v(random_floats(n, 6)), out(n), qv(posenc::bshd<const float>(q.data(), 1, L, heads, D)),
         kv(posenc::bshd<const float>(k.data(), 1, L, heads, D)), vv(posenc::bshd<const float>(v.data(), 1, L, heads, D)),
         ov(posenc::bshd(out.data(), 1, L, heads, D)) {
@@ -156,12 +159,12 @@ struct attention_inputs {
     else posenc::attention(qv, kv, vv, ov, posenc::no_position{}, opt);
     benchmark::DoNotOptimize(out.data());
   }
+  posenc::rope r;
   std::size_t n;
   std::vector<float> q, k, v, out;
   posenc::heads_view<const float> qv, kv, vv;
   posenc::heads_view<float> ov;
   posenc::attention_options opt;
-  posenc::rope r{posenc::rope_config{.head_dim = D, .rope_theta = 5e5}};
 };
 
 void BM_attention(benchmark::State& state) {
@@ -173,7 +176,7 @@ void BM_attention(benchmark::State& state) {
 /// RoPE's overhead in attention from back-to-back call pairs (bench/pairs.hpp): counter
 /// rope_over_none, the median of time(with RoPE) / time(without).
 void BM_attention_rope_overhead(benchmark::State& state) {
-  attention_inputs x(state.range(0));
+  attention_inputs x(state.range(0), state.range(1) != 0);
   state.counters["rope_over_none"] = bench_util::median_pair_ratio(state, [&] { x.run(false); }, [&] { x.run(true); });
 }
 
@@ -193,7 +196,8 @@ BENCHMARK(BM_rope_ggml_style)->ArgsProduct({{128, 1024, 8192, 32768}, {0, 1}})->
 BENCHMARK(BM_rope_table_build)->Arg(8192)->ArgName("S");
 BENCHMARK(BM_attention)->ArgsProduct({{1024, 2048, 4096}, {0, 1}})->ArgNames({"L", "rope"})
     ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_attention_rope_overhead)->Arg(1024)->Arg(2048)->Arg(4096)->ArgName("L")->UseManualTime()->MinTime(10.0)
+BENCHMARK(BM_attention_rope_overhead)->ArgsProduct({{1024, 2048, 4096}, {0, 1}})->ArgNames({"L", "interleaved"})
+    ->UseManualTime()->MinTime(10.0)
     ->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();
