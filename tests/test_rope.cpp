@@ -132,6 +132,24 @@ std::vector<double> rotate_formula(const std::vector<double>& x, double pos, con
   return y;
 }
 
+/// y = RoPE(x) for S tokens x H heads x D features (BSHD, batch 1) at positions first, first+1, ..:
+/// every head against rotate_formula with the RoFormer frequencies over rotary_dim `rot`, the
+/// pass-through tail bit-identical.
+void check_rotated(const std::vector<double>& x, const std::vector<double>& y, index S, index H, index D, index rot,
+                   double first, posenc::rope_layout layout, double tol) {
+  std::vector<double> inv;
+  for (index i = 0; i < rot / 2; ++i) inv.push_back(theta(10000.0, i, rot));  // theta over rotary_dim
+  for (index s = 0; s < S; ++s)
+    for (index h = 0; h < H; ++h) {
+      const index o = (s * H + h) * D;
+      std::vector<double> xt(x.begin() + o, x.begin() + o + D), yt(y.begin() + o, y.begin() + o + D);
+      const auto want = rotate_formula(xt, first + static_cast<double>(s), inv,
+                                       layout == posenc::rope_layout::interleaved, rot);
+      CHECK(max_abs_diff(yt, want) <= tol);
+      for (index j = rot; j < D; ++j) CHECK(yt[j] == xt[j]);  // bit-identical tail
+    }
+}
+
 // ---- golden vectors --------------------------------------------------------------------------------
 
 TEST_CASE("rope golden cases: inv_freq, scalars and outputs in every mode", "[rope][golden]") {
@@ -279,15 +297,7 @@ TEST_CASE("rope: rotary dims off the vector width, both layouts, float and doubl
       const auto pos = posenc::contiguous_positions(1, S, 1000);
       std::vector<double> y = x;
       r.apply(posenc::bshd(y.data(), 1, S, H, D), posenc::view(pos));
-      std::vector<double> inv;
-      for (index i = 0; i < rot / 2; ++i) inv.push_back(theta(10000.0, i, rot));
-      for (index s = 0; s < S; ++s)
-        for (index h = 0; h < H; ++h) {
-          const index o = (s * H + h) * D;
-          std::vector<double> xt(x.begin() + o, x.begin() + o + D), yt(y.begin() + o, y.begin() + o + D);
-          const auto want = rotate_formula(xt, 1000.0 + s, inv, layout == posenc::rope_layout::interleaved, rot);
-          CHECK(max_abs_diff(yt, want) <= 1e-12);
-        }
+      check_rotated(x, y, S, H, D, rot, 1000.0, layout, 1e-12);
       const auto t = r.table<float>(1000, S);
       std::vector<float> fx(x.begin(), x.end()), fi = fx, fo(fx.size()), ft = fx;
       r.apply(posenc::bshd(fi.data(), 1, S, H, D), posenc::view(pos));
@@ -483,16 +493,7 @@ TEST_CASE("rope: partial rotary in both layouts passes the tail through", "[rope
     r_explicit.apply(posenc::bshd(w.data(), 1, S, H, D), posenc::view(pos));
     CHECK(y == z);
     CHECK(y == w);
-    std::vector<double> inv;
-    for (index i = 0; i < rot / 2; ++i) inv.push_back(theta(10000.0, i, rot));  // theta over rotary_dim
-    for (index s = 0; s < S; ++s)
-      for (index h = 0; h < H; ++h) {
-        const index o = (s * H + h) * D;
-        std::vector<double> xt(x.begin() + o, x.begin() + o + D), yt(y.begin() + o, y.begin() + o + D);
-        const auto want = rotate_formula(xt, 17.0 + s, inv, layout == posenc::rope_layout::interleaved, rot);
-        CHECK(max_abs_diff(yt, want) <= 1e-13);
-        for (index j = rot; j < D; ++j) CHECK(yt[j] == xt[j]);  // bit-identical tail
-      }
+    check_rotated(x, y, S, H, D, rot, 17.0, layout, 1e-13);
   }
 }
 
