@@ -155,7 +155,15 @@ inline void rotate_half_copy(const T* __restrict in, T* __restrict out, const T*
 // with GCC/Clang vector extensions (__builtin_shufflevector, both compilers since GCC 12): g++ 12 and
 // clang++ 14 -O3 -march=native emit one vmovups of x and of the row, vpermilps $177 (pair swap),
 // vmovsldup / vmovshdup (or vpermilps $160 / $245), two vmulps and one vfmadd per 8 floats; without
-// AVX the same source becomes SSE shuffles.
+// AVX the same source becomes SSE shuffles. Other compilers run the scalar pair loop.
+// POSENC_ROPE_SCALAR forces the scalar loop (the test suite builds test_rope both ways).
+#if defined(__has_builtin) && !defined(POSENC_ROPE_SCALAR)
+#if __has_builtin(__builtin_shufflevector)
+#define POSENC_ROPE_VECTOR_EXTENSIONS 1
+#endif
+#endif
+
+#ifdef POSENC_ROPE_VECTOR_EXTENSIONS
 template <class T>
 struct pair_vector;  // 8 lanes = 4 pairs (explicit: g++ drops vector_size on a dependent type)
 template <>
@@ -166,16 +174,18 @@ template <>
 struct pair_vector<double> {
   using type = double __attribute__((vector_size(64)));
 };
+#endif
 
 /// Interleaved layout: out = rotated in. out may be in (in place): each vector is loaded whole
 /// before it is stored, so in and out carry no __restrict.
 template <class T>
 inline void rotate_interleaved(const T* in, T* out, const T* __restrict cs, index h) {
+  const index n = 2 * h;
+  index j0 = 0;
+#ifdef POSENC_ROPE_VECTOR_EXTENSIONS
   using V = typename pair_vector<T>::type;
   constexpr index lanes = 8;
   const V sign = {-1, 1, -1, 1, -1, 1, -1, 1};
-  const index n = 2 * h;
-  index j0 = 0;
   for (; j0 + lanes <= n; j0 += lanes) {
     V x, r;
     std::memcpy(&x, in + j0, sizeof(V));  // unaligned loads; memcpy is how vector types alias T
@@ -186,7 +196,10 @@ inline void rotate_interleaved(const T* in, T* out, const T* __restrict cs, inde
     const V o = x * c + swapped * (s * sign);
     std::memcpy(out + j0, &o, sizeof(V));
   }
-  for (; j0 < n; j0 += 2) {  // rotary_dim not a multiple of 8
+#endif
+  // The rest when rotary_dim is not a multiple of 8, or everything on a compiler without
+  // __builtin_shufflevector (GCC < 12, MSVC).
+  for (; j0 < n; j0 += 2) {
     const T a = in[j0], b = in[j0 + 1], c = cs[j0], s = cs[j0 + 1];
     out[j0] = a * c - b * s;
     out[j0 + 1] = b * c + a * s;
