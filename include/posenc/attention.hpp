@@ -249,12 +249,12 @@ class fused_attention {
     // Rows per piece of transform_packed: whole packing steps, about 16 KiB, so the piece stays in L1
     // (48 rows at d = 128 in float; 96 and 192 rows measured the same within the pair benchmark's
     // noise, RoPE at L = 1024).
-    piece_rows_ = std::max<index>(1, (16384 / static_cast<index>(sizeof(T)) / std::max<index>(dim_, 1)) /
-                                         gemm::pack_step) * gemm::pack_step;
+    const index rows_in_16k = 16384 / static_cast<index>(sizeof(T)) / std::max<index>(dim_, 1);
+    piece_rows_ = std::max<index>(1, rows_in_16k / gemm::pack_step) * gemm::pack_step;
   }
 
   void run(Eigen::ThreadPoolInterface* pool) {
-    if (keys_ == key_mode::shared || keys_ == key_mode::shared_packed) {
+    if (keys_shared()) {
       // Shared by the items of a kv head. Uninitialized: each key block is written by its transform
       // before any read (a zero fill would be one more pass over O(batch x kv_heads x L x d) memory).
       // (Eigen's resize leaves the storage uninitialized and aligns it for the packed layout's
@@ -308,8 +308,7 @@ class fused_attention {
   /// Key block `blk` of (batch b, kv head hk) transformed and packed into the worker's buffer.
   const T* transformed_packed_block(index b, index hk, const key_block& blk, attention_scratch<T>& sc) const {
     T* packed = attention_scratch<T>::at_least(sc.k_packed, blk.cols * dim_);
-    transform_packed(qk_role::key, hk, std::span<const std::int64_t>(masks_.kp(b) + blk.first, blk.cols),
-                     k_.matrix(b, hk, blk.first, blk.cols), packed, true, sc);
+    transform_packed(qk_role::key, hk, key_positions(b, blk), k_.matrix(b, hk, blk.first, blk.cols), packed, true, sc);
     return packed;
   }
 
@@ -327,7 +326,7 @@ class fused_attention {
   /// runs) was +5.7 / +6.8 / +4.2 % with memcpy, +4.0 / +2.1 / +3.2 % with the streamed copy, and
   /// +4.4 / +4.1 / +2.3 % when every work item transformed its own keys (a token rotated once per item).
   const T* ensure_keys(index b, index hk, index kb, attention_scratch<T>& sc) {
-    std::atomic<std::uint8_t>& state = key_state_[static_cast<std::size_t>((b * kv_heads_ + hk) * k_blocks_ + kb)];
+    std::atomic<std::uint8_t>& state = key_state_[static_cast<std::size_t>(key_block_index(b, hk, kb))];
     T* shared = shared_block(b, hk, kb);
     if (state.load(std::memory_order_acquire) == key_done) return shared;
     std::uint8_t expected = key_todo;
@@ -347,13 +346,24 @@ class fused_attention {
   /// or the transform reads, or the shared transformed block once another item has made it (its
   /// caller rows are then not read again).
   void prefetch_keys(index b, index hk, index kb, index r0, index r1) {
-    if ((keys_ == key_mode::shared || keys_ == key_mode::shared_packed) &&
-        key_state_[static_cast<std::size_t>((b * kv_heads_ + hk) * k_blocks_ + kb)].load(std::memory_order_relaxed) ==
-            key_done) {
+    if (keys_shared() &&
+        key_state_[static_cast<std::size_t>(key_block_index(b, hk, kb))].load(std::memory_order_relaxed) == key_done) {
       prefetch_bytes(shared_block(b, hk, kb) + r0 * dim_, (r1 - r0) * dim_ * static_cast<index>(sizeof(T)), false);
       return;
     }
     prefetch_rows(k_.matrix(b, hk, block_of(b, kb).first + r0, r1 - r0), false);
+  }
+
+  /// Queries or keys that went straight into a packed operand: nothing unpacked for the hooks to read.
+  [[nodiscard]] const_matrix_map<T> no_rows() const {
+    return const_matrix_map<T>(nullptr, 0, dim_, Eigen::OuterStride<>(dim_));
+  }
+
+  [[nodiscard]] bool keys_shared() const { return keys_ == key_mode::shared || keys_ == key_mode::shared_packed; }
+
+  /// Index of key block kb of (batch b, kv head hk) among all of the call's (key_state_, shared_keys_).
+  [[nodiscard]] index key_block_index(index b, index hk, index kb) const {
+    return (b * kv_heads_ + hk) * k_blocks_ + kb;
   }
 
   /// Elements per block of the shared keys: a whole number of the alignment that the packed layout's
@@ -365,16 +375,19 @@ class fused_attention {
 
   /// Start of key block kb of (batch b, kv head hk) in the shared keys.
   [[nodiscard]] T* shared_block(index b, index hk, index kb) {
-    return shared_keys_.data() + ((b * kv_heads_ + hk) * k_blocks_ + kb) * shared_block_size();
+    return shared_keys_.data() + key_block_index(b, hk, kb) * shared_block_size();
   }
 
   /// The keys of block `blk` transformed into the worker's buffer.
   matrix_map<T> transformed_block(index b, index hk, const key_block& blk, attention_scratch<T>& sc) const {
     matrix_map<T> kt(attention_scratch<T>::at_least(sc.k_work, blk.cols * dim_), blk.cols, dim_,
                      Eigen::OuterStride<>(dim_));
-    transform_into(qk_role::key, hk, std::span<const std::int64_t>(masks_.kp(b) + blk.first, blk.cols),
-                   k_.matrix(b, hk, blk.first, blk.cols), kt);
+    transform_into(qk_role::key, hk, key_positions(b, blk), k_.matrix(b, hk, blk.first, blk.cols), kt);
     return kt;
+  }
+
+  [[nodiscard]] std::span<const std::int64_t> key_positions(index b, const key_block& blk) const {
+    return {masks_.kp(b) + blk.first, static_cast<std::size_t>(blk.cols)};
   }
 
   [[nodiscard]] const key_block& block_of(index b, index kb) const {
@@ -402,7 +415,7 @@ class fused_attention {
       if (u.packed) {
         transform_packed(qk_role::query, u.head, std::span<const std::int64_t>(u.q_pos, u.rows),
                          q_.matrix(b, u.head, u.q0, u.rows), scratch::at_least(st.q_packed, u.rows * dim_), false, sc);
-        return const_matrix_map<T>(nullptr, 0, dim_, Eigen::OuterStride<>(dim_));
+        return no_rows();
       }
     }
     const const_matrix_map<T> q = [&] {
@@ -492,12 +505,12 @@ class fused_attention {
           }
           if (keys_ == key_mode::worker_packed) {
             k_packed = transformed_packed_block(b, hk, blk, sc);
-            return const_matrix_map<T>(nullptr, 0, dim_, Eigen::OuterStride<>(dim_));  // no hook reads it
+            return no_rows();  // no hook reads it
           }
           const T* first = ensure_keys(b, hk, p.kb, sc);
           if (keys_ == key_mode::shared_packed) {
             k_packed = first;
-            return const_matrix_map<T>(nullptr, 0, dim_, Eigen::OuterStride<>(dim_));  // no hook reads it
+            return no_rows();  // no hook reads it
           }
           return const_matrix_map<T>(first, kcols, dim_, Eigen::OuterStride<>(dim_));
         } else {
@@ -538,7 +551,8 @@ class fused_attention {
         ++slice;
         auto& q_tile = q_tiles[static_cast<std::size_t>(i)];
         if (!q_tile) {
-          q_tile.emplace(prepare_queries(b, units[static_cast<std::size_t>(i)], sc, sc.units[static_cast<std::size_t>(i)]));
+          q_tile.emplace(
+              prepare_queries(b, units[static_cast<std::size_t>(i)], sc, sc.units[static_cast<std::size_t>(i)]));
           if (i + 1 < n_units && !q_tiles[static_cast<std::size_t>(i + 1)]) {
             const query_unit& w = units[static_cast<std::size_t>(i + 1)];
             prefetch_rows(q_.matrix(b, w.head, w.q0, w.rows), false);

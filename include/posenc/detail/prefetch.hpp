@@ -17,15 +17,20 @@
 
 namespace posenc::detail {
 
-/// Prefetches [p, p + bytes) into L2, one instruction per 64-byte line (for_write: with intent to
-/// write, so that the later stores do not wait for the line).
-inline void prefetch_bytes(const void* p, index bytes, bool for_write) {
+/// One prefetch instruction per 64-byte line of [p, p + bytes); Write and Locality as
+/// __builtin_prefetch takes them (compile-time constants).
+template <int Write, int Locality>
+inline void prefetch_lines(const void* p, index bytes) {
   constexpr index line = 64;
   const char* c = static_cast<const char*>(p);
-  if (for_write)
-    for (index o = 0; o < bytes; o += line) __builtin_prefetch(c + o, 1, 2);
-  else
-    for (index o = 0; o < bytes; o += line) __builtin_prefetch(c + o, 0, 2);
+  for (index o = 0; o < bytes; o += line) __builtin_prefetch(c + o, Write, Locality);
+}
+
+/// Prefetches [p, p + bytes) into L2 (for_write: with intent to write, so that the later stores do
+/// not wait for the line).
+inline void prefetch_bytes(const void* p, index bytes, bool for_write) {
+  if (for_write) prefetch_lines<1, 2>(p, bytes);
+  else prefetch_lines<0, 2>(p, bytes);
 }
 
 /// Prefetches [p, p + bytes) into L1 for reading, for data consumed within a few rows of work (RoPE's
@@ -33,11 +38,7 @@ inline void prefetch_bytes(const void* p, index bytes, bool for_write) {
 /// with the pair driver (RoPE over no encoding in attention, L = 1024, causal, 1 thread, three runs
 /// each, alternating): input and table rows into L2 3.5 / 3.6 / 2.9 %, table rows into L1 3.1 / 2.6 /
 /// 3.2 %, both into L1 3.3 / 2.2 / 2.3 %.
-inline void prefetch_bytes_l1(const void* p, index bytes) {
-  constexpr index line = 64;
-  const char* c = static_cast<const char*>(p);
-  for (index o = 0; o < bytes; o += line) __builtin_prefetch(c + o, 0, 3);
-}
+inline void prefetch_bytes_l1(const void* p, index bytes) { prefetch_lines<0, 3>(p, bytes); }
 
 /// Prefetches every row of a strided row-major matrix map.
 template <class M>
