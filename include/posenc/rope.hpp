@@ -94,7 +94,7 @@ class rope_table {
   [[nodiscard]] rope_layout layout() const { return id_.layout; }
   [[nodiscard]] bool contains(std::int64_t p) const { return p >= id_.first && p - id_.first < id_.count; }
   /// Values per position: rotary_dim, cos and sin of each pair (layout: detail/rope_kernels.hpp).
-  [[nodiscard]] index width() const { return detail::row_width(id_.rotary_dim); }
+  [[nodiscard]] index width() const { return id_.rotary_dim; }
   [[nodiscard]] const T* row(std::int64_t p) const { return data_.get() + (p - id_.first) * width(); }
   /// Bytes of the table (what one pass over it reads).
   [[nodiscard]] std::size_t bytes() const { return values() * sizeof(T); }
@@ -274,7 +274,8 @@ class rope_frequencies {
 
   [[nodiscard]] bool interleaved() const { return layout_ == rope_layout::interleaved; }
   [[nodiscard]] index pairs() const { return rotary_dim_ / 2; }
-  [[nodiscard]] index width() const { return detail::row_width(rotary_dim_); }
+  /// Values per position of a cos/sin row: rotary_dim in both layouts (detail/rope_kernels.hpp).
+  [[nodiscard]] index width() const { return rotary_dim_; }
 
   /// Rows of positions first .. first+count-1 into out (count * width() values).
   template <class T>

@@ -35,9 +35,6 @@ namespace posenc::detail {
   return (a - k * c1) - k * c2;
 }
 
-/// Row width for a rotary dim d: d values (h cos + h sin) in both layouts.
-[[nodiscard]] inline index row_width(index rotary_dim) { return rotary_dim; }
-
 /// Write one row from cos/sin values of the h pairs, times `scale` (the attention factor, or 1 when the
 /// values already carry it).
 template <class T, class Src>
