@@ -12,7 +12,7 @@
 #include <posenc/attention.hpp>
 
 int main(int argc, char** argv) {
-  const posenc::index L = argc > 1 ? std::atol(argv[1]) : 32768, H = 8, d = 128;
+  const posenc::index_t L = argc > 1 ? std::atol(argv[1]) : 32768, H = 8, d = 128;
   const int threads = argc > 2 ? std::atoi(argv[2]) : 2;
   const auto n = static_cast<std::size_t>(L * H * d);
   // Touch every page so the buffers are resident before the call (the baseline the target counts).

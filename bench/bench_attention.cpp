@@ -23,7 +23,7 @@
 
 namespace {
 
-using Index = posenc::index;
+using Index = posenc::index_t;
 constexpr Index kHeads = 8;
 
 using bench_util::random_vector;

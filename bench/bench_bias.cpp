@@ -23,7 +23,7 @@
 
 namespace {
 
-using Index = posenc::index;
+using Index = posenc::index_t;
 constexpr Index kHeads = 8, kDim = 128;
 
 using bench_util::random_vector;

@@ -21,7 +21,7 @@
 
 namespace {
 
-constexpr posenc::index H = 32, D = 128;
+constexpr posenc::index_t H = 32, D = 128;
 
 /// Uniform values in [-1, 1) from a xorshift generator (setup of 512 MB tensors must stay cheap).
 std::vector<float> random_floats(std::size_t n, unsigned seed) {
@@ -104,19 +104,19 @@ void BM_rope_ggml_style(benchmark::State& state) {
   std::vector<float> dst(n), cache(static_cast<std::size_t>(D));
   const float theta_scale = std::pow(5e5f, -2.0f / static_cast<float>(D));
   for (auto _ : state) {
-    for (posenc::index s = 0; s < S; ++s) {
+    for (posenc::index_t s = 0; s < S; ++s) {
       float theta = static_cast<float>(s);
-      for (posenc::index i = 0; i < D; i += 2) {
+      for (posenc::index_t i = 0; i < D; i += 2) {
         cache[static_cast<std::size_t>(i)] = std::cos(theta);
         cache[static_cast<std::size_t>(i + 1)] = std::sin(theta);
         theta *= theta_scale;
       }
-      for (posenc::index h = 0; h < H; ++h) {
+      for (posenc::index_t h = 0; h < H; ++h) {
         const float* src = x.data() + (s * H + h) * D;
         float* out = dst.data() + (s * H + h) * D;
-        for (posenc::index i = 0; i < D; i += 2) {
+        for (posenc::index_t i = 0; i < D; i += 2) {
           const float c = cache[static_cast<std::size_t>(i)], sn = cache[static_cast<std::size_t>(i + 1)];
-          const posenc::index a = normal ? i : i / 2, b = normal ? i + 1 : i / 2 + D / 2;
+          const posenc::index_t a = normal ? i : i / 2, b = normal ? i + 1 : i / 2 + D / 2;
           const float x0 = src[a], x1 = src[b];
           out[a] = x0 * c - x1 * sn;
           out[b] = x0 * sn + x1 * c;
@@ -144,8 +144,8 @@ void BM_rope_table_build(benchmark::State& state) {
 /// Attention (float, one thread, causal, H = 8, d = 128) with RoPE fused (either layout) vs without an
 /// encoding.
 struct attention_inputs {
-  static constexpr posenc::index heads = 8;
-  explicit attention_inputs(posenc::index L, bool interleaved = false)
+  static constexpr posenc::index_t heads = 8;
+  explicit attention_inputs(posenc::index_t L, bool interleaved = false)
       : r(posenc::rope_config{.head_dim = D, .rope_theta = 5e5,
                               .layout = interleaved ? posenc::rope_layout::interleaved : posenc::rope_layout::half}),
         n(static_cast<std::size_t>(L * heads * D)), q(random_floats(n, 4)), k(random_floats(n, 5)),

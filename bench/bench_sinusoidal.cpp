@@ -11,7 +11,7 @@
 
 namespace {
 
-using Index = posenc::index;
+using Index = posenc::index_t;
 constexpr Index kBatch = 4;
 
 void set_bytes(benchmark::State& state, double bytes_per_iter) {

@@ -16,7 +16,7 @@
 
 namespace {
 
-using Index = posenc::index;  // not `index`: POSIX declares ::index()
+using Index = posenc::index_t;  // not `index`: POSIX declares ::index()
 
 struct problem {
   Index L, H, Hkv, D;

@@ -6,7 +6,7 @@
 #include <vector>
 
 int main() {
-  const posenc::index L = 256, H = 32, Hkv = 8, D = 128;
+  const posenc::index_t L = 256, H = 32, Hkv = 8, D = 128;
   std::vector<float> q(L * H * D), k(L * Hkv * D), v(L * Hkv * D), out(L * H * D);
   std::mt19937 rng(0);
   std::normal_distribution<float> n;
@@ -26,7 +26,7 @@ int main() {
   // -------------------------------------------------------------------------------------------------
 
   // The first query sees only the first key: its output is v of token 0 (kv head 0 for query head 0).
-  for (posenc::index d = 0; d < D; ++d)
+  for (posenc::index_t d = 0; d < D; ++d)
     if (std::abs(out[d] - v[d]) > 1e-5f) {
       std::printf("quickstart: unexpected output %g vs %g at %td\n", out[d], v[d], d);
       return 1;

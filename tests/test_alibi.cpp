@@ -13,7 +13,7 @@
 #include "posenc/reference.hpp"
 #include "random.hpp"
 
-using idx = posenc::index;
+using idx = posenc::index_t;
 using posenc::alibi_form;
 
 static_assert(posenc::attention_encoding<posenc::alibi>);

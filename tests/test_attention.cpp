@@ -23,7 +23,7 @@
 
 #include "golden.hpp"
 
-using Index = posenc::index;  // not `index`: POSIX declares ::index()
+using Index = posenc::index_t;  // not `index`: POSIX declares ::index()
 using posenc::layout;
 
 namespace {

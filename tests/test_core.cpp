@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-using Index = posenc::index;  // not `index`: POSIX declares ::index()
+using Index = posenc::index_t;  // not `index`: POSIX declares ::index()
 
 namespace {
 

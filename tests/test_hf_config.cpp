@@ -195,7 +195,7 @@ TEST_CASE("hf_config: ALiBi from BLOOM, Falcon and MPT", "[io][hf_config]") {
   CHECK(bloom.heads == 16);
   CHECK(bloom.max_bias == 8.0);
   const posenc::alibi a(bloom);
-  for (posenc::index h = 0; h < 16; ++h) CHECK(a.slope(h) == std::pow(2.0, -0.5 * static_cast<double>(h + 1)));
+  for (posenc::index_t h = 0; h < 16; ++h) CHECK(a.slope(h) == std::pow(2.0, -0.5 * static_cast<double>(h + 1)));
   CHECK(posenc::io::encoding_from_hf(config("bloom-560m")).family == "alibi");
 
   // Falcon-RW-1B: `alibi: true` wins over its rope keys; Falcon-7B (alibi false) is RoPE, 4544/71 = 64.
@@ -216,7 +216,7 @@ TEST_CASE("hf_config: ALiBi from BLOOM, Falcon and MPT", "[io][hf_config]") {
   m12["n_heads"] = 12;
   m12["attn_config"]["alibi_bias_max"] = 16;
   const posenc::alibi a12(posenc::io::alibi_config_from_hf(m12));
-  for (posenc::index h = 0; h < 12; ++h) {
+  for (posenc::index_t h = 0; h < 12; ++h) {
     const double e = h < 8 ? -16.0 * static_cast<double>(h + 1) / 8 : -8.0 * static_cast<double>(2 * (h - 8) + 1) / 8;
     CHECK(a12.slope(h) == std::pow(2.0, e));
   }
@@ -239,8 +239,8 @@ TEST_CASE("hf_config: T5 buckets and the relative_attention_bias weight", "[io][
   CHECK(posenc::io::encoding_from_hf(cfg).family == "t5");
 
   Eigen::Tensor<float, 2, Eigen::RowMajor> w(32, 8);
-  for (posenc::index b = 0; b < 32; ++b)
-    for (posenc::index h = 0; h < 8; ++h) w(b, h) = static_cast<float>(100 * b + h);
+  for (posenc::index_t b = 0; b < 32; ++b)
+    for (posenc::index_t h = 0; h < 8; ++h) w(b, h) = static_cast<float>(100 * b + h);
   const auto t5 = posenc::io::t5_from_hf<float>(cfg, posenc::tensor_map<const float, 2>(w.data(), 32, 8));
   // Bidirectional T5 buckets by hand: r = +1 -> 16 + 1 = 17; r = -3 -> 3; r = +200 (beyond 128) -> 31.
   CHECK(t5.bias(2, 0, 1) == 1702.0f);

@@ -9,7 +9,7 @@
 #include "posenc/learned.hpp"
 #include "random.hpp"
 
-using idx = posenc::index;
+using idx = posenc::index_t;
 
 static_assert(posenc::input_encoding<posenc::learned_absolute<float>>);
 static_assert(posenc::input_encoding<posenc::learned_absolute<double>>);

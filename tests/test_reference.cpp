@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-using Index = posenc::index;  // not `index`: POSIX declares ::index()
+using Index = posenc::index_t;  // not `index`: POSIX declares ::index()
 
 namespace {
 

@@ -25,7 +25,7 @@
 
 namespace {
 
-using posenc::index;
+using posenc::index_t;
 
 // ---- helpers -------------------------------------------------------------------------------------
 
@@ -56,7 +56,7 @@ std::vector<double> to_double(const std::vector<T>& v) {
 /// rope_config from a golden case's params (keys as HF's config.json, FORMAT.md 5.2).
 posenc::rope_config config_from(const nlohmann::json& p) {
   posenc::rope_config c;
-  c.head_dim = p.at("head_dim").get<index>();
+  c.head_dim = p.at("head_dim").get<index_t>();
   c.rope_theta = p.at("rope_theta").get<double>();
   if (p.contains("partial_rotary_factor") && !p.at("partial_rotary_factor").is_null())
     c.partial_rotary_factor = p.at("partial_rotary_factor").get<double>();
@@ -92,12 +92,12 @@ posenc::rope_config config_from(const nlohmann::json& p) {
 
 /// [B, S, H, D] row-major buffer -> [B, H, S, D].
 template <class T>
-std::vector<T> bshd_to_bhsd(const std::vector<T>& x, index B, index S, index H, index D) {
+std::vector<T> bshd_to_bhsd(const std::vector<T>& x, index_t B, index_t S, index_t H, index_t D) {
   std::vector<T> y(x.size());
-  for (index b = 0; b < B; ++b)
-    for (index s = 0; s < S; ++s)
-      for (index h = 0; h < H; ++h)
-        for (index d = 0; d < D; ++d) y[((b * H + h) * S + s) * D + d] = x[((b * S + s) * H + h) * D + d];
+  for (index_t b = 0; b < B; ++b)
+    for (index_t s = 0; s < S; ++s)
+      for (index_t h = 0; h < H; ++h)
+        for (index_t d = 0; d < D; ++d) y[((b * H + h) * S + s) * D + d] = x[((b * S + s) * H + h) * D + d];
   return y;
 }
 
@@ -109,21 +109,21 @@ const std::vector<std::string> rope_cases = {
     "rope_llama31_f8_interleaved_gguf",   "rope_longrope_phi3_medium_short",
     "rope_longrope_phi3_medium_long",     "rope_default_theta1e6_near_2p18"};
 
-posenc::rope_config base_config(index d = 128, double theta = 10000.0,
+posenc::rope_config base_config(index_t d = 128, double theta = 10000.0,
                                 posenc::rope_layout layout = posenc::rope_layout::half) {
   return posenc::rope_config{.head_dim = d, .rope_theta = theta, .layout = layout};
 }
 
 /// theta_i = base^(-2i/d), the RoFormer frequencies, written out independently of the library.
-double theta(double base, index i, index d) { return std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(d)); }
+double theta(double base, index_t i, index_t d) { return std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(d)); }
 
 /// Rotate one [d]-vector by positions * inv_freq in double: the textbook formula of FORMAT.md 5.2.
 std::vector<double> rotate_formula(const std::vector<double>& x, double pos, const std::vector<double>& inv, bool interleaved,
-                                   index rot, double scale = 1.0) {
+                                   index_t rot, double scale = 1.0) {
   std::vector<double> y = x;
-  const index h = rot / 2;
-  for (index k = 0; k < h; ++k) {
-    const index i1 = interleaved ? 2 * k : k, i2 = interleaved ? 2 * k + 1 : k + h;
+  const index_t h = rot / 2;
+  for (index_t k = 0; k < h; ++k) {
+    const index_t i1 = interleaved ? 2 * k : k, i2 = interleaved ? 2 * k + 1 : k + h;
     const double a = pos * inv[static_cast<std::size_t>(k)];
     const double c = std::cos(a) * scale, s = std::sin(a) * scale;
     y[i1] = x[i1] * c - x[i2] * s;
@@ -135,18 +135,18 @@ std::vector<double> rotate_formula(const std::vector<double>& x, double pos, con
 /// y = RoPE(x) for S tokens x H heads x D features (BSHD, batch 1) at positions first, first+1, ..:
 /// every head against rotate_formula with the RoFormer frequencies over rotary_dim `rot`, the
 /// pass-through tail bit-identical.
-void check_rotated(const std::vector<double>& x, const std::vector<double>& y, index S, index H, index D, index rot,
+void check_rotated(const std::vector<double>& x, const std::vector<double>& y, index_t S, index_t H, index_t D, index_t rot,
                    double first, posenc::rope_layout layout, double tol) {
   std::vector<double> inv;
-  for (index i = 0; i < rot / 2; ++i) inv.push_back(theta(10000.0, i, rot));  // theta over rotary_dim
-  for (index s = 0; s < S; ++s)
-    for (index h = 0; h < H; ++h) {
-      const index o = (s * H + h) * D;
+  for (index_t i = 0; i < rot / 2; ++i) inv.push_back(theta(10000.0, i, rot));  // theta over rotary_dim
+  for (index_t s = 0; s < S; ++s)
+    for (index_t h = 0; h < H; ++h) {
+      const index_t o = (s * H + h) * D;
       std::vector<double> xt(x.begin() + o, x.begin() + o + D), yt(y.begin() + o, y.begin() + o + D);
       const auto want = rotate_formula(xt, first + static_cast<double>(s), inv,
                                        layout == posenc::rope_layout::interleaved, rot);
       CHECK(max_abs_diff(yt, want) <= tol);
-      for (index j = rot; j < D; ++j) CHECK(yt[j] == xt[j]);  // bit-identical tail
+      for (index_t j = rot; j < D; ++j) CHECK(yt[j] == xt[j]);  // bit-identical tail
     }
 }
 
@@ -160,14 +160,14 @@ TEST_CASE("rope golden cases: inv_freq, scalars and outputs in every mode", "[ro
   const posenc::rope r(cfg);
 
   const auto& xt = gc.at("x");
-  const index B = xt.shape[0], S = xt.shape[1], H = xt.shape[2], D = xt.shape[3];
+  const index_t B = xt.shape[0], S = xt.shape[1], H = xt.shape[2], D = xt.shape[3];
   const std::vector<std::int64_t> pos_data = gc.at("positions").i64();
   const posenc::positions_view pos(pos_data.data(), B, S);
   const std::vector<double> x = xt.f64();
 
   // scalars
   const auto& sc = gc.meta.at("expected_scalars");
-  CHECK(r.rotary_dim() == sc.at("rotary_dim").get<index>());
+  CHECK(r.rotary_dim() == sc.at("rotary_dim").get<index_t>());
   const double att = sc.at("attention_scaling").get<double>();
   CHECK(std::abs(r.attention_factor() - att) <= 1e-12 * std::abs(att));
   if (!sc.at("seq_len_used").is_null()) CHECK(r.seq_len_for(pos) == sc.at("seq_len_used").get<std::int64_t>());
@@ -203,7 +203,7 @@ TEST_CASE("rope golden cases: inv_freq, scalars and outputs in every mode", "[ro
   SECTION("double with a table (anchored angle-addition steps) within the case tolerance") {
     std::int64_t lo = pos_data[0], hi = pos_data[0];
     for (auto p : pos_data) lo = std::min(lo, p), hi = std::max(hi, p);
-    const auto table = r.table<double>(lo, static_cast<index>(hi - lo + 1), L);
+    const auto table = r.table<double>(lo, static_cast<index_t>(hi - lo + 1), L);
     std::vector<double> y = x, z = x;
     r.apply(posenc::bshd(y.data(), B, S, H, D), pos, table);
     r.apply(posenc::bshd(z.data(), B, S, H, D), pos);
@@ -241,12 +241,12 @@ TEST_CASE("rope_attention golden: RoPE on q and k then causal GQA attention", "[
   const auto& qt = gc.at("q");
   const auto& kt = gc.at("k");
   const auto& vt = gc.at("v");
-  const index B = qt.shape[0], Sq = qt.shape[1], H = qt.shape[2], D = qt.shape[3];
-  const index Sk = kt.shape[1], Hkv = kt.shape[2], Dv = vt.shape[3];
+  const index_t B = qt.shape[0], Sq = qt.shape[1], H = qt.shape[2], D = qt.shape[3];
+  const index_t Sk = kt.shape[1], Hkv = kt.shape[2], Dv = vt.shape[3];
   const auto qp = gc.at("q_positions").i64();
   const auto kp = gc.at("k_positions").i64();
   const posenc::positions_view qpos(qp.data(), B, Sq), kpos(kp.data(), B, Sk);
-  CHECK(r.rotary_dim() == gc.meta.at("expected_scalars").at("rotary_dim").get<index>());
+  CHECK(r.rotary_dim() == gc.meta.at("expected_scalars").at("rotary_dim").get<index_t>());
 
   std::vector<double> q = qt.f64(), k = kt.f64();
   const std::vector<double> v = vt.f64();
@@ -287,9 +287,9 @@ TEST_CASE("rope_attention golden: RoPE on q and k then causal GQA attention", "[
 // rotary dims around and below the vector width, in place, out of place and from a table.
 TEST_CASE("rope: rotary dims off the vector width, both layouts, float and double", "[rope][partial]") {
   for (auto layout : {posenc::rope_layout::half, posenc::rope_layout::interleaved})
-    for (const index rot : {2, 6, 8, 10, 14, 18, 34}) {
+    for (const index_t rot : {2, 6, 8, 10, 14, 18, 34}) {
       INFO("rotary_dim " << rot);
-      const index D = rot + 4, S = 3, H = 2;
+      const index_t D = rot + 4, S = 3, H = 2;
       posenc::rope_config c = base_config(D, 10000.0, layout);
       c.rotary_dim = rot;
       const posenc::rope r(c);
@@ -313,7 +313,7 @@ TEST_CASE("rope: rotary dims off the vector width, both layouts, float and doubl
 
 TEST_CASE("rope: q.k after rotation depends only on the position difference", "[rope]") {
   for (auto layout : {posenc::rope_layout::half, posenc::rope_layout::interleaved}) {
-    const index D = 64;
+    const index_t D = 64;
     const posenc::rope r(base_config(D, 10000.0, layout));
     const auto q0 = test_util::randn(D, 1), k0 = test_util::randn(D, 2);
     auto dot_at = [&](std::int64_t pq, std::int64_t pk) {
@@ -322,7 +322,7 @@ TEST_CASE("rope: q.k after rotation depends only on the position difference", "[
       r.apply(posenc::bshd(q.data(), 1, 1, 1, D), posenc::positions_view(a, 1, 1));
       r.apply(posenc::bshd(k.data(), 1, 1, 1, D), posenc::positions_view(b, 1, 1));
       double s = 0;
-      for (index i = 0; i < D; ++i) s += q[i] * k[i];
+      for (index_t i = 0; i < D; ++i) s += q[i] * k[i];
       return s;
     };
     for (std::int64_t delta : {0, 1, 7, 100, -5}) {
@@ -338,7 +338,7 @@ TEST_CASE("rope: q.k after rotation depends only on the position difference", "[
 }
 
 TEST_CASE("rope: YaRN correction range with truncate true and false", "[rope][yarn]") {
-  const index d = 128;
+  const index_t d = 128;
   const double base = 10000.0, factor = 4.0, orig = 4096.0;
   // corr(n) = d ln(orig / (2 pi n)) / (2 ln base), YaRN sec. 3.2 / HF find_correction_dim.
   auto corr = [&](double n) { return d * std::log(orig / (2 * std::numbers::pi * n)) / (2 * std::log(base)); };
@@ -354,7 +354,7 @@ TEST_CASE("rope: YaRN correction range with truncate true and false", "[rope][ya
     const posenc::rope r(c);
     const double low = truncate ? std::floor(low_raw) : low_raw, high = truncate ? std::ceil(high_raw) : high_raw;
     const auto inv = r.inv_freq();
-    for (index i = 0; i < d / 2; ++i) {
+    for (index_t i = 0; i < d / 2; ++i) {
       const double t = theta(base, i, d);
       const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
       const double want = t * (1 - ramp) + (t / factor) * ramp;
@@ -390,7 +390,7 @@ TEST_CASE("rope: Llama-3.1 scaling boundaries (d=128, theta=5e5, factor 8)", "[r
   const posenc::rope r(c);
   const auto inv = r.inv_freq();
   REQUIRE(inv.size() == 64);
-  for (index i = 0; i < 64; ++i) {
+  for (index_t i = 0; i < 64; ++i) {
     const double t = theta(5e5, i, 128);
     INFO("pair " << i);
     if (i <= 28) {
@@ -408,19 +408,19 @@ TEST_CASE("rope: Llama-3.1 scaling boundaries (d=128, theta=5e5, factor 8)", "[r
 }
 
 TEST_CASE("rope: LongRoPE switches factors strictly beyond the original length", "[rope][longrope]") {
-  const index d = 16;
+  const index_t d = 16;
   posenc::rope_config c = base_config(d, 10000.0);
   c.max_position_embeddings = 131072;
   c.scaling.rope_type = posenc::rope_type::longrope;
   c.scaling.original_max_position_embeddings = 4096;
-  for (index i = 0; i < d / 2; ++i) {
+  for (index_t i = 0; i < d / 2; ++i) {
     c.scaling.short_factor.push_back(1.0 + 0.01 * static_cast<double>(i));
     c.scaling.long_factor.push_back(2.0 + 3.0 * static_cast<double>(i));
   }
   const posenc::rope r(c);
   auto expect = [&](const std::vector<double>& ext) {
     std::vector<double> v;
-    for (index i = 0; i < d / 2; ++i) v.push_back(theta(10000.0, i, d) / ext[i]);
+    for (index_t i = 0; i < d / 2; ++i) v.push_back(theta(10000.0, i, d) / ext[i]);
     return v;
   };
   CHECK(max_abs_diff(r.inv_freq(4096), expect(c.scaling.short_factor)) <= 1e-15);
@@ -447,21 +447,21 @@ TEST_CASE("rope: LongRoPE switches factors strictly beyond the original length",
 }
 
 TEST_CASE("rope: dynamic NTK within and beyond max_position_embeddings", "[rope][dynamic]") {
-  const index d = 64;
+  const index_t d = 64;
   posenc::rope_config c = base_config(d, 10000.0);
   c.max_position_embeddings = 2048;
   c.scaling = {.rope_type = posenc::rope_type::dynamic, .factor = 2};
   const posenc::rope r(c);
   std::vector<double> plain;
-  for (index i = 0; i < d / 2; ++i) plain.push_back(theta(10000.0, i, d));
+  for (index_t i = 0; i < d / 2; ++i) plain.push_back(theta(10000.0, i, d));
   CHECK(max_abs_diff(r.inv_freq(1), plain) <= 1e-16);
   CHECK(max_abs_diff(r.inv_freq(2048), plain) <= 1e-16);  // equal to the limit: unscaled
   for (std::int64_t L : {2049, 5000, 100000}) {
     const double base2 = 10000.0 * std::pow(2.0 * L / 2048.0 - 1.0, double(d) / (d - 2));
     std::vector<double> want;
-    for (index i = 0; i < d / 2; ++i) want.push_back(theta(base2, i, d));
+    for (index_t i = 0; i < d / 2; ++i) want.push_back(theta(base2, i, d));
     const auto got = r.inv_freq(L);
-    for (index i = 0; i < d / 2; ++i) CHECK(got[i] == Approx(want[i]).epsilon(1e-14));
+    for (index_t i = 0; i < d / 2; ++i) CHECK(got[i] == Approx(want[i]).epsilon(1e-14));
     CHECK(got[d / 2 - 1] < plain[d / 2 - 1]);
   }
   // stateless: asking for a long length does not change a later short one
@@ -477,7 +477,7 @@ TEST_CASE("rope: dynamic NTK within and beyond max_position_embeddings", "[rope]
 
 TEST_CASE("rope: partial rotary in both layouts passes the tail through", "[rope][partial]") {
   for (auto layout : {posenc::rope_layout::half, posenc::rope_layout::interleaved}) {
-    const index D = 80, rot = 32, S = 5, H = 3;
+    const index_t D = 80, rot = 32, S = 5, H = 3;
     posenc::rope_config c = base_config(D, 10000.0, layout);
     c.partial_rotary_factor = 0.4;
     const posenc::rope r(c);
@@ -550,13 +550,13 @@ TEST_CASE("rope: permuting a checkpoint's q/k rows turns half into interleaved",
   // Meta's checkpoints (interleaved) become HF's (half) by permuting the rows of Wq/Wk inside each head:
   // half index k <-> interleaved index 2k, half index k + d/2 <-> interleaved 2k + 1. So for any x,
   // interleaved(P x) = P half(x), and scores are unchanged.
-  const index D = 64, S = 6, H = 2;
+  const index_t D = 64, S = 6, H = 2;
   const posenc::rope half(base_config(D, 5e5, posenc::rope_layout::half));
   const posenc::rope inter(base_config(D, 5e5, posenc::rope_layout::interleaved));
   auto permute = [&](const std::vector<double>& x) {
     std::vector<double> y(x.size());
     for (std::size_t o = 0; o < x.size(); o += D)
-      for (index k = 0; k < D / 2; ++k) {
+      for (index_t k = 0; k < D / 2; ++k) {
         y[o + 2 * k] = x[o + k];
         y[o + 2 * k + 1] = x[o + k + D / 2];
       }
@@ -571,7 +571,7 @@ TEST_CASE("rope: permuting a checkpoint's q/k rows turns half into interleaved",
 }
 
 TEST_CASE("rope: exact angles stay within 1e-6 in float up to position 2^24", "[rope][precision]") {
-  const index D = 128;
+  const index_t D = 128;
   const posenc::rope r(base_config(D, 10000.0));
   posenc::rope_config c32 = base_config(D, 10000.0);
   c32.angles = posenc::rope_angles::hf_float32;
@@ -579,18 +579,18 @@ TEST_CASE("rope: exact angles stay within 1e-6 in float up to position 2^24", "[
   std::vector<std::int64_t> p = {0, 1, 4095, 65536, 1000000, 8388607, (1 << 24) - 1, 1 << 24};
   std::mt19937_64 g(6);
   for (int i = 0; i < 56; ++i) p.push_back(static_cast<std::int64_t>(g() % ((1u << 24) + 1)));
-  const index S = static_cast<index>(p.size());
+  const index_t S = static_cast<index_t>(p.size());
   // unit inputs: every pair (1, 0) rotated gives (cos, sin) of the angle
   std::vector<double> x(static_cast<std::size_t>(S * D));
-  for (index s = 0; s < S; ++s)
-    for (index j = 0; j < D; ++j) x[s * D + j] = j < D / 2 ? 1.0 : 0.0;
+  for (index_t s = 0; s < S; ++s)
+    for (index_t j = 0; j < D; ++j) x[s * D + j] = j < D / 2 ? 1.0 : 0.0;
   std::vector<float> xf(x.begin(), x.end()), xh = xf;
   const posenc::positions_view pv(p.data(), 1, S);
   r.apply(posenc::bshd(xf.data(), 1, S, 1, D), pv);
   r32.apply(posenc::bshd(xh.data(), 1, S, 1, D), pv);
   double worst = 0, worst_hf = 0;
-  for (index s = 0; s < S; ++s)
-    for (index k = 0; k < D / 2; ++k) {
+  for (index_t s = 0; s < S; ++s)
+    for (index_t k = 0; k < D / 2; ++k) {
       const double a = static_cast<double>(p[s]) * theta(10000.0, k, D);  // float64 angle
       worst = std::max({worst, std::abs(xf[s * D + k] - std::cos(a)), std::abs(xf[s * D + k + D / 2] - std::sin(a))});
       worst_hf = std::max(worst_hf, std::abs(xh[s * D + k] - std::cos(a)));
@@ -605,11 +605,11 @@ TEST_CASE("rope: table equals no table, both layouts, float and double", "[rope]
     posenc::rope_config c = base_config(96, 1e6, layout);
     c.scaling = {.rope_type = posenc::rope_type::yarn, .factor = 8, .original_max_position_embeddings = 4096};
     const posenc::rope r(c);
-    const index B = 2, S = 7, H = 3, D = 96;
+    const index_t B = 2, S = 7, H = 3, D = 96;
     const auto x = test_util::randn(B * S * H * D, 7);
     posenc::positions pos(B, S);
-    for (index b = 0; b < B; ++b)
-      for (index s = 0; s < S; ++s) pos(b, s) = 100 + 37 * s + 5 * b;
+    for (index_t b = 0; b < B; ++b)
+      for (index_t s = 0; s < S; ++s) pos(b, s) = 100 + 37 * s + 5 * b;
     const auto td = r.table<double>(100, 300);
     std::vector<double> a = x, bb = x;
     r.apply(posenc::bshd(a.data(), B, S, H, D), posenc::view(pos), td);
@@ -631,7 +631,7 @@ TEST_CASE("rope: shift(k, delta) equals applying at position + delta", "[rope][s
     posenc::rope_config c = base_config(64, 10000.0, layout);
     c.scaling = {.rope_type = posenc::rope_type::yarn, .factor = 4, .original_max_position_embeddings = 2048};
     const posenc::rope r(c);  // attention factor 1.1386: must not be applied twice
-    const index S = 9, H = 2, D = 64;
+    const index_t S = 9, H = 2, D = 64;
     const auto x = test_util::randn(S * H * D, 8);
     for (std::int64_t delta : {-300, 0, 5, 4000}) {
       const auto p0 = posenc::contiguous_positions(1, S, 500);
@@ -652,7 +652,7 @@ TEST_CASE("rope: shift(k, delta) equals applying at position + delta", "[rope][s
 
 TEST_CASE("rope: errors leave the outputs untouched", "[rope][errors]") {
   const posenc::rope r(base_config(32));
-  const index S = 4, H = 2, D = 32;
+  const index_t S = 4, H = 2, D = 32;
   const auto x = test_util::randn(S * H * D, 9);
   const auto pos = posenc::contiguous_positions(1, S);
   std::vector<double> y = x;
@@ -698,7 +698,7 @@ TEST_CASE("rope: kernel hooks — transform_qk and bind agree with apply", "[rop
     c.max_position_embeddings = 64;
     c.scaling = {.rope_type = posenc::rope_type::dynamic, .factor = 2};
     const posenc::rope r(c);
-    const index B = 1, S = 100, H = 3, D = 64;
+    const index_t B = 1, S = 100, H = 3, D = 64;
     const auto x = test_util::randn(B * S * H * D, 10);
     const auto pos = posenc::contiguous_positions(B, S);  // L = 100 > 64: scaled
     std::vector<double> want = x;
@@ -718,7 +718,7 @@ TEST_CASE("rope: kernel hooks — transform_qk and bind agree with apply", "[rop
     std::vector<float> gotf(x.begin(), x.end());
     const auto view = posenc::bshd(got.data(), B, S, H, D);
     const auto viewf = posenc::bshd(gotf.data(), B, S, H, D);
-    for (index h = 0; h < H; ++h) {
+    for (index_t h = 0; h < H; ++h) {
       const std::span<const std::int64_t> p(pos.data(), static_cast<std::size_t>(S));
       bound.transform_qk(posenc::qk_role::query, h, p, view.matrix(0, h));
       bound.transform_qk(posenc::qk_role::key, h, p, viewf.matrix(0, h));
@@ -732,7 +732,7 @@ TEST_CASE("rope: kernel hooks — transform_qk and bind agree with apply", "[rop
     r_plain.apply(posenc::bshd(plain.data(), B, S, H, D), posenc::view(pos));
     std::vector<double> hooked = x;
     const auto hv = posenc::bshd(hooked.data(), B, S, H, D);
-    for (index h = 0; h < H; ++h)
+    for (index_t h = 0; h < H; ++h)
       r.transform_qk(posenc::qk_role::key, h, std::span<const std::int64_t>(pos.data(), S), hv.matrix(0, h));
     CHECK(hooked == plain);
   }
@@ -746,7 +746,7 @@ TEST_CASE("rope: fused attention equals the reference on pre-rotated q and k", "
     c.max_position_embeddings = 64;
     c.scaling = {.rope_type = posenc::rope_type::yarn, .factor = 4, .original_max_position_embeddings = 16};
     const posenc::rope r(c);
-    const index B = 2, Sq = 9, Sk = 30, H = 4, Hkv = 2, D = 32;
+    const index_t B = 2, Sq = 9, Sk = 30, H = 4, Hkv = 2, D = 32;
     const auto q = test_util::randn(B * Sq * H * D, 11), k = test_util::randn(B * Sk * Hkv * D, 12),
                v = test_util::randn(B * Sk * Hkv * D, 13);
     const auto qpos = posenc::contiguous_positions(B, Sq, Sk - Sq), kpos = posenc::contiguous_positions(B, Sk);

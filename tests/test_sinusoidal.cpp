@@ -11,7 +11,7 @@
 #include "posenc/sinusoidal.hpp"
 
 using posenc::frequency_schedule;
-using idx = posenc::index;
+using idx = posenc::index_t;
 using posenc::sinusoid_layout;
 
 static_assert(posenc::input_encoding<posenc::sinusoidal>);

@@ -15,7 +15,7 @@
 #include "posenc/t5.hpp"
 #include "random.hpp"
 
-using idx = posenc::index;
+using idx = posenc::index_t;
 using t5d = posenc::t5_relative_bias<double>;
 
 static_assert(posenc::attention_encoding<t5d>);

@@ -50,7 +50,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-using posenc::index;
+using posenc::index_t;
 
 // ---- command line ------------------------------------------------------------------------------
 
@@ -156,10 +156,10 @@ class case_data {
   }
   [[nodiscard]] bool has_tensor(const std::string& n) const { return st_->contains(n); }
   [[nodiscard]] std::vector<std::int64_t> shape(const std::string& n) const { return st_->shape(n); }
-  [[nodiscard]] index dim(const std::string& n, std::size_t axis) const {
+  [[nodiscard]] index_t dim(const std::string& n, std::size_t axis) const {
     const auto s = shape(n);
     posenc::require(axis < s.size(), n, "has too few dimensions", s.size());
-    return static_cast<index>(s[axis]);
+    return static_cast<index_t>(s[axis]);
   }
   /// Float tensor converted to T (inputs are F64; f32 mode casts them).
   template <class T>
@@ -257,13 +257,13 @@ posenc::heads_view<const T> view_bshd(const std::vector<T>& v, const std::vector
 template <class T>
 class tensor_bias {
  public:
-  tensor_bias(std::vector<T> values, const std::vector<std::int64_t>& shape, index B, index H, index Sq, index Sk)
+  tensor_bias(std::vector<T> values, const std::vector<std::int64_t>& shape, index_t B, index_t H, index_t Sq, index_t Sk)
       : v_(std::move(values)) {
     posenc::require(shape.size() <= 4, "bias", "must have rank <= 4", shape.size());
-    const index full[4] = {B, H, Sq, Sk};
-    index dims[4] = {1, 1, 1, 1};
-    for (std::size_t r = 0; r < shape.size(); ++r) dims[4 - shape.size() + r] = static_cast<index>(shape[r]);
-    index stride = 1;
+    const index_t full[4] = {B, H, Sq, Sk};
+    index_t dims[4] = {1, 1, 1, 1};
+    for (std::size_t r = 0; r < shape.size(); ++r) dims[4 - shape.size() + r] = static_cast<index_t>(shape[r]);
+    index_t stride = 1;
     for (int a = 3; a >= 0; --a) {
       posenc::require(dims[a] == 1 || dims[a] == full[a], "bias", "must broadcast to [batch, heads, q_len, k_len]",
                       "dim ", a, " = ", dims[a], " vs ", full[a]);
@@ -271,27 +271,27 @@ class tensor_bias {
       stride *= dims[a];
     }
   }
-  [[nodiscard]] T at(index b, index h, index i, index j) const {
+  [[nodiscard]] T at(index_t b, index_t h, index_t i, index_t j) const {
     return v_[static_cast<std::size_t>(b * stride_[0] + h * stride_[1] + i * stride_[2] + j * stride_[3])];
   }
   template <class U>
   void add_position_bias(const posenc::tile<U>& t, posenc::matrix_map<U> s) const {
-    for (index i = 0; i < t.rows; ++i)
-      for (index j = 0; j < t.cols; ++j) s(i, j) += static_cast<U>(at(t.batch, t.head, t.q_first + i, t.k_first + j));
+    for (index_t i = 0; i < t.rows; ++i)
+      for (index_t j = 0; j < t.cols; ++j) s(i, j) += static_cast<U>(at(t.batch, t.head, t.q_first + i, t.k_first + j));
   }
 
  private:
   std::vector<T> v_;
-  index stride_[4] = {0, 0, 0, 0};
+  index_t stride_[4] = {0, 0, 0, 0};
 };
 
 /// Visibility and positions of one attention case, mirroring FORMAT.md sec. 3 (for probs).
 struct visibility {
-  index B = 0, Sq = 0, Sk = 0;
+  index_t B = 0, Sq = 0, Sk = 0;
   bool causal = false;
   std::vector<std::int64_t> q_pos, k_pos;  // [B, Sq], [B, Sk]
   std::vector<std::int64_t> padding;       // [B, Sk], nonzero = padding (empty = none)
-  [[nodiscard]] bool visible(index b, index i, index j) const {
+  [[nodiscard]] bool visible(index_t b, index_t i, index_t j) const {
     if (!padding.empty() && padding[static_cast<std::size_t>(b * Sk + j)] != 0) return false;
     return !causal || k_pos[static_cast<std::size_t>(b * Sk + j)] <= q_pos[static_cast<std::size_t>(b * Sq + i)];
   }
@@ -306,7 +306,7 @@ void attention_outputs(const run_env& env, results& r, const std::vector<T>& q, 
                        const std::vector<std::int64_t>& vs, const E& enc, posenc::attention_options opt,
                        const visibility& vis, double scale, Bias&& bias, const std::vector<T>* q_scores = nullptr,
                        const std::vector<T>* k_scores = nullptr) {
-  const index B = qs[0], Sq = qs[1], H = qs[2], D = qs[3], Sk = ks[1], Hkv = ks[2], Dv = vs[3];
+  const index_t B = qs[0], Sq = qs[1], H = qs[2], D = qs[3], Sk = ks[1], Hkv = ks[2], Dv = vs[3];
   std::vector<T> out(static_cast<std::size_t>(B * Sq * H * Dv));
   std::vector<T> lse(static_cast<std::size_t>(B * H * Sq));
   opt.pool = env.pool;
@@ -316,18 +316,18 @@ void attention_outputs(const run_env& env, results& r, const std::vector<T>& q, 
   r.add_real<T>("out", {B, Sq, H, Dv}, out);
 
   std::vector<T> probs(static_cast<std::size_t>(B * H * Sq * Sk), T(0));
-  const index group = H / Hkv;
-  for (index b = 0; b < B; ++b)
-    for (index h = 0; h < H; ++h)
-      for (index i = 0; i < Sq; ++i) {
+  const index_t group = H / Hkv;
+  for (index_t b = 0; b < B; ++b)
+    for (index_t h = 0; h < H; ++h)
+      for (index_t i = 0; i < Sq; ++i) {
         const double l = static_cast<double>(lse[static_cast<std::size_t>((b * H + h) * Sq + i)]);
         if (!std::isfinite(l)) continue;  // a row that sees nothing: all-zero probabilities
         const T* qi = (q_scores ? *q_scores : q).data() + ((b * Sq + i) * H + h) * D;
-        for (index j = 0; j < Sk; ++j) {
+        for (index_t j = 0; j < Sk; ++j) {
           if (!vis.visible(b, i, j)) continue;
           const T* kj = (k_scores ? *k_scores : k).data() + ((b * Sk + j) * Hkv + h / group) * D;
           double dot = 0;
-          for (index d = 0; d < D; ++d) dot += static_cast<double>(qi[d]) * static_cast<double>(kj[d]);
+          for (index_t d = 0; d < D; ++d) dot += static_cast<double>(qi[d]) * static_cast<double>(kj[d]);
           const double s = scale * dot + static_cast<double>(bias(b, h, i, j));
           probs[static_cast<std::size_t>(((b * H + h) * Sq + i) * Sk + j)] = static_cast<T>(std::exp(s - l));
         }
@@ -337,7 +337,7 @@ void attention_outputs(const run_env& env, results& r, const std::vector<T>& q, 
 
 /// key_padding_mask (optional) as attention_options + visibility.
 inline void read_padding(const case_data& c, posenc::attention_options& opt, visibility& vis,
-                         std::vector<std::int64_t>& storage, index B, index Sk) {
+                         std::vector<std::int64_t>& storage, index_t B, index_t Sk) {
   if (!c.has_input("key_padding_mask")) return;
   storage = c.ints("key_padding_mask");
   posenc::require(c.shape("key_padding_mask") == std::vector<std::int64_t>{B, Sk}, "key_padding_mask",
@@ -346,10 +346,10 @@ inline void read_padding(const case_data& c, posenc::attention_options& opt, vis
   vis.padding = storage;
 }
 
-inline std::vector<std::int64_t> offset_positions(index B, index S, std::int64_t offset) {
+inline std::vector<std::int64_t> offset_positions(index_t B, index_t S, std::int64_t offset) {
   std::vector<std::int64_t> p(static_cast<std::size_t>(B * S));
-  for (index b = 0; b < B; ++b)
-    for (index i = 0; i < S; ++i) p[static_cast<std::size_t>(b * S + i)] = offset + i;
+  for (index_t b = 0; b < B; ++b)
+    for (index_t i = 0; i < S; ++i) p[static_cast<std::size_t>(b * S + i)] = offset + i;
   return p;
 }
 
@@ -359,7 +359,7 @@ inline std::vector<std::int64_t> offset_positions(index B, index S, std::int64_t
 template <class T>
 results run_sinusoidal(const run_env& env) {
   const case_data& c = env.c;
-  posenc::sinusoidal_config cfg{.d_model = c.need<index>("d_model"), .base = c.param<double>("base", 10000.0)};
+  posenc::sinusoidal_config cfg{.d_model = c.need<index_t>("d_model"), .base = c.param<double>("base", 10000.0)};
   const auto layout = c.need<std::string>("layout");
   posenc::require(layout == "interleaved" || layout == "concat", "params.layout", "must be interleaved or concat",
                   layout);
@@ -381,7 +381,7 @@ template <class T>
 results run_alibi(const run_env& env) {
   const case_data& c = env.c;
   const auto form = c.need<std::string>("form");
-  posenc::alibi_config cfg{.heads = c.need<index>("num_heads"), .max_bias = c.param<double>("max_bias", 8.0)};
+  posenc::alibi_config cfg{.heads = c.need<index_t>("num_heads"), .max_bias = c.param<double>("max_bias", 8.0)};
   if (form == "causal")
     cfg.form = posenc::alibi_form::causal;
   else if (form == "symmetric")
@@ -393,14 +393,14 @@ results run_alibi(const run_env& env) {
   const posenc::alibi enc(cfg);
 
   const auto qs = c.shape("q"), ks = c.shape("k"), vs = c.shape("v");
-  const index B = qs[0], Sq = qs[1], H = qs[2], Sk = ks[1];
+  const index_t B = qs[0], Sq = qs[1], H = qs[2], Sk = ks[1];
   const std::int64_t q_offset = c.param<std::int64_t>("q_offset", 0);
   results r;
   r.add_real<double>("slopes", {H}, std::vector<double>(enc.slopes().begin(), enc.slopes().end()));
   std::vector<double> bias(static_cast<std::size_t>(H * Sq * Sk));
-  for (index h = 0; h < H; ++h)
-    for (index i = 0; i < Sq; ++i)
-      for (index j = 0; j < Sk; ++j)
+  for (index_t h = 0; h < H; ++h)
+    for (index_t i = 0; i < Sq; ++i)
+      for (index_t j = 0; j < Sk; ++j)
         bias[static_cast<std::size_t>((h * Sq + i) * Sk + j)] = enc.bias(h, q_offset + i, j);
   r.add_real<T>("bias", {H, Sq, Sk}, std::vector<T>(bias.begin(), bias.end()));
 
@@ -411,7 +411,7 @@ results run_alibi(const run_env& env) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(qs[3]));
   attention_outputs<T>(
       env, r, c.real<T>("q"), qs, c.real<T>("k"), ks, c.real<T>("v"), vs, enc, opt, vis, scale,
-      [&](index, index h, index i, index j) { return bias[static_cast<std::size_t>((h * Sq + i) * Sk + j)]; });
+      [&](index_t, index_t h, index_t i, index_t j) { return bias[static_cast<std::size_t>((h * Sq + i) * Sk + j)]; });
   return r;
 }
 
@@ -420,8 +420,8 @@ results run_alibi(const run_env& env) {
 template <class T>
 results run_t5(const run_env& env) {
   const case_data& c = env.c;
-  const posenc::t5_config cfg{.num_buckets = c.need<index>("relative_attention_num_buckets"),
-                              .max_distance = c.need<index>("relative_attention_max_distance"),
+  const posenc::t5_config cfg{.num_buckets = c.need<index_t>("relative_attention_num_buckets"),
+                              .max_distance = c.need<index_t>("relative_attention_max_distance"),
                               .is_decoder = c.param<bool>("is_decoder", false)};
   const auto table_shape = c.shape("relative_attention_bias");
   typename posenc::t5_relative_bias<T>::table_type table(table_shape[0], table_shape[1]);
@@ -432,21 +432,21 @@ results run_t5(const run_env& env) {
   const posenc::t5_relative_bias<T> enc(std::move(table), cfg);
 
   const auto qs = c.shape("q"), ks = c.shape("k"), vs = c.shape("v");
-  const index B = qs[0], Sq = qs[1], H = qs[2], Sk = ks[1];
+  const index_t B = qs[0], Sq = qs[1], H = qs[2], Sk = ks[1];
   std::vector<std::int64_t> qpos1(static_cast<std::size_t>(Sq));
-  for (index i = 0; i < Sq; ++i) qpos1[static_cast<std::size_t>(i)] = i;
+  for (index_t i = 0; i < Sq; ++i) qpos1[static_cast<std::size_t>(i)] = i;
   if (c.has_input("query_positions")) qpos1 = c.ints("query_positions");
-  posenc::require(static_cast<index>(qpos1.size()) == Sq, "query_positions", "must be [q_len]", qpos1.size());
+  posenc::require(static_cast<index_t>(qpos1.size()) == Sq, "query_positions", "must be [q_len]", qpos1.size());
 
   results r;
   std::vector<std::int64_t> buckets(static_cast<std::size_t>(Sq * Sk));
   std::vector<T> bias(static_cast<std::size_t>(H * Sq * Sk));
-  for (index i = 0; i < Sq; ++i)
-    for (index j = 0; j < Sk; ++j) {
+  for (index_t i = 0; i < Sq; ++i)
+    for (index_t j = 0; j < Sk; ++j) {
       const std::int64_t rel = j - qpos1[static_cast<std::size_t>(i)];
       buckets[static_cast<std::size_t>(i * Sk + j)] = enc.bucket(rel);
       r.bucket_relative.push_back(rel);
-      for (index h = 0; h < H; ++h) bias[static_cast<std::size_t>((h * Sq + i) * Sk + j)] = enc.bias(h, qpos1[i], j);
+      for (index_t h = 0; h < H; ++h) bias[static_cast<std::size_t>((h * Sq + i) * Sk + j)] = enc.bias(h, qpos1[i], j);
     }
   r.add_ints("buckets", {Sq, Sk}, buckets);
   r.add_real<T>("bias", {H, Sq, Sk}, bias);
@@ -466,7 +466,7 @@ results run_t5(const run_env& env) {
 
   // The decoder's causal mask starts at query_positions[0] (FORMAT.md 5.5); all batch rows share it.
   std::vector<std::int64_t> qpos(static_cast<std::size_t>(B * Sq));
-  for (index b = 0; b < B; ++b) std::copy(qpos1.begin(), qpos1.end(), qpos.begin() + b * Sq);
+  for (index_t b = 0; b < B; ++b) std::copy(qpos1.begin(), qpos1.end(), qpos.begin() + b * Sq);
   posenc::attention_options opt{.causal = cfg.is_decoder};
   opt.q_positions = posenc::positions_view(qpos.data(), B, Sq);
   visibility vis{B, Sq, Sk, opt.causal, qpos, offset_positions(B, Sk, 0), {}};
@@ -474,7 +474,7 @@ results run_t5(const run_env& env) {
   read_padding(c, opt, vis, pad, B, Sk);
   attention_outputs<T>(
       env, r, c.real<T>("q"), qs, c.real<T>("k"), ks, c.real<T>("v"), vs, enc, opt, vis, 1.0,
-      [&](index, index h, index i, index j) { return bias[static_cast<std::size_t>((h * Sq + i) * Sk + j)]; });
+      [&](index_t, index_t h, index_t i, index_t j) { return bias[static_cast<std::size_t>((h * Sq + i) * Sk + j)]; });
   return r;
 }
 
@@ -483,7 +483,7 @@ template <class T>
 results run_attention(const run_env& env) {
   const case_data& c = env.c;
   const auto qs = c.shape("q"), ks = c.shape("k"), vs = c.shape("v");
-  const index B = qs[0], Sq = qs[1], H = qs[2], D = qs[3], Sk = ks[1];
+  const index_t B = qs[0], Sq = qs[1], H = qs[2], D = qs[3], Sk = ks[1];
   const double scale = c.param<double>("scale", 1.0 / std::sqrt(static_cast<double>(D)));
   const std::int64_t q_offset = c.param<std::int64_t>("q_offset", 0);
   posenc::attention_options opt{.causal = c.need<bool>("causal"), .q_offset = q_offset};
@@ -495,10 +495,10 @@ results run_attention(const run_env& env) {
   if (c.has_input("bias")) {
     const tensor_bias<T> enc(c.real<T>("bias"), c.shape("bias"), B, H, Sq, Sk);
     attention_outputs<T>(env, r, q, qs, k, ks, v, vs, enc, opt, vis, scale,
-                         [&](index b, index h, index i, index j) { return enc.at(b, h, i, j); });
+                         [&](index_t b, index_t h, index_t i, index_t j) { return enc.at(b, h, i, j); });
   } else {
     attention_outputs<T>(env, r, q, qs, k, ks, v, vs, posenc::no_position{}, opt, vis, scale,
-                         [](index, index, index, index) { return 0.0; });
+                         [](index_t, index_t, index_t, index_t) { return 0.0; });
   }
   return r;
 }
@@ -579,7 +579,7 @@ results run_rope_attention(const run_env& env) {
   if (!cfg.seq_len) cfg.seq_len = 0;
   const posenc::rope r(cfg);
   const auto qs = c.shape("q"), ks = c.shape("k"), vs = c.shape("v");
-  const index B = qs[0], Sq = qs[1], H = qs[2], D = qs[3], Sk = ks[1];
+  const index_t B = qs[0], Sq = qs[1], H = qs[2], D = qs[3], Sk = ks[1];
   auto qpos = c.ints("q_positions"), kpos = c.ints("k_positions");
   const posenc::positions_view qpv(qpos.data(), B, Sq), kpv(kpos.data(), B, Sk);
 
@@ -605,7 +605,7 @@ results run_rope_attention(const run_env& env) {
   // rotated operands q_rot, k_rot and the kernel's lse.
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   attention_outputs<T>(
-      env, res, q, qs, k, ks, v, vs, r, opt, vis, scale, [](index, index, index, index) { return 0.0; }, &qr, &kr);
+      env, res, q, qs, k, ks, v, vs, r, opt, vis, scale, [](index_t, index_t, index_t, index_t) { return 0.0; }, &qr, &kr);
   return res;
 }
 

@@ -38,20 +38,20 @@ enum class alibi_form {
 };
 
 struct alibi_config {
-  index heads = 0;
+  index_t heads = 0;
   double max_bias = 8.0;
   alibi_form form = alibi_form::causal;
 };
 
 /// The ALiBi slope of every head (Press et al. / BLOOM get_slopes; ggml's max_bias family).
-[[nodiscard]] inline std::vector<double> alibi_slopes(index heads, double max_bias = 8.0) {
+[[nodiscard]] inline std::vector<double> alibi_slopes(index_t heads, double max_bias = 8.0) {
   require(heads > 0, "heads", "must be > 0", heads);
   require(std::isfinite(max_bias) && max_bias > 0.0, "max_bias", "must be finite and > 0", max_bias);
-  index n = 1;
+  index_t n = 1;
   while (2 * n <= heads) n *= 2;
   std::vector<double> m(static_cast<std::size_t>(heads));
   const double nd = static_cast<double>(n);
-  for (index h = 0; h < heads; ++h) {
+  for (index_t h = 0; h < heads; ++h) {
     // exp2 of a multiple of max_bias/n: exact powers of two whenever the exponent is an integer.
     const double e = h < n ? -max_bias * static_cast<double>(h + 1) / nd
                            : -(max_bias / 2.0) * static_cast<double>(2 * (h - n) + 1) / nd;
@@ -65,12 +65,12 @@ class alibi {
   explicit alibi(const alibi_config& config) : config_(config), slopes_(alibi_slopes(config.heads, config.max_bias)) {}
 
   [[nodiscard]] const alibi_config& config() const { return config_; }
-  [[nodiscard]] index heads() const { return config_.heads; }
+  [[nodiscard]] index_t heads() const { return config_.heads; }
   [[nodiscard]] std::span<const double> slopes() const { return slopes_; }
-  [[nodiscard]] double slope(index head) const { return slopes_.at(static_cast<std::size_t>(head)); }
+  [[nodiscard]] double slope(index_t head) const { return slopes_.at(static_cast<std::size_t>(head)); }
 
   /// The bias of one (head, query position, key position) in double: the scalar formula.
-  [[nodiscard]] double bias(index head, std::int64_t q_pos, std::int64_t k_pos) const {
+  [[nodiscard]] double bias(index_t head, std::int64_t q_pos, std::int64_t k_pos) const {
     const double m = slope(head), r = static_cast<double>(k_pos - q_pos);
     switch (config_.form) {
       case alibi_form::causal:
@@ -95,23 +95,23 @@ class alibi {
   template <class T>
   void add_position_bias(const tile<T>& t, matrix_map<T> s) const {
     const T m = static_cast<T>(slopes_[static_cast<std::size_t>(t.head)]);
-    constexpr index chunk = 256;
+    constexpr index_t chunk = 256;
     alignas(64) T kp[chunk];
-    for (index c0 = 0; c0 < t.cols; c0 += chunk) {
-      const index nc = std::min(chunk, t.cols - c0);
-      for (index j = 0; j < nc; ++j) kp[j] = static_cast<T>(t.k_pos[c0 + j]);
-      for (index i = 0; i < t.rows; ++i) {
+    for (index_t c0 = 0; c0 < t.cols; c0 += chunk) {
+      const index_t nc = std::min(chunk, t.cols - c0);
+      for (index_t j = 0; j < nc; ++j) kp[j] = static_cast<T>(t.k_pos[c0 + j]);
+      for (index_t i = 0; i < t.rows; ++i) {
         T* row = s.data() + i * s.outerStride() + c0;
         const T qp = static_cast<T>(t.q_pos[i]);
         switch (config_.form) {
           case alibi_form::causal:
-            for (index j = 0; j < nc; ++j) row[j] += m * (kp[j] - qp);
+            for (index_t j = 0; j < nc; ++j) row[j] += m * (kp[j] - qp);
             break;
           case alibi_form::symmetric:
-            for (index j = 0; j < nc; ++j) row[j] -= m * std::abs(kp[j] - qp);
+            for (index_t j = 0; j < nc; ++j) row[j] -= m * std::abs(kp[j] - qp);
             break;
           case alibi_form::key_position:
-            for (index j = 0; j < nc; ++j) row[j] += m * kp[j];
+            for (index_t j = 0; j < nc; ++j) row[j] += m * kp[j];
             break;
         }
       }

@@ -71,13 +71,13 @@ namespace detail {
 // 256 x 256 beat 128 x 512, 64-row blocks (20-60 % slower), 1024-key blocks (15-25 % slower: the
 // score tile leaves L2) and 256 x 384 / 256 x 288 / 128 x 384. With the packed products, key blocks
 // of 192, 240, 288 and 384 were within the VM's noise (+-6 %) of 256 at L = 512 and 2048, d = 128.
-inline constexpr index default_q_block = 256;
-inline constexpr index default_k_block = 256;
+inline constexpr index_t default_q_block = 256;
+inline constexpr index_t default_k_block = 256;
 /// Query blocks (of one kv head) per work item: they share each K/V block's packing. Measured ms at
 /// L = 2048, d = 128, 1 thread (two runs, same process order), units 1 -> 2 -> 4 -> 8: dense
 /// 179/189 -> 174/182 -> 159/166 -> 171/161, causal 98/113 -> 101/97 -> 94/93 -> 97/91; 4 keeps
 /// the item's state (4 x (packed Q + output) = 512 KiB in float) well inside the 2 MiB L2.
-inline constexpr index default_units_per_item = 4;
+inline constexpr index_t default_units_per_item = 4;
 /// Where an encoding's Q/K transform puts the transformed keys (each key is transformed once per call).
 enum class key_mode {
   caller,         ///< no transform: K is read from the caller's buffer
@@ -96,30 +96,30 @@ enum class key_mode {
 /// 23.1/23.7/23.0/20.5 -> 33.8/31.9/29.1/28.0 (so 1-row blocks without GQA keep the GEMV), 4 rows
 /// 61/46 -> 53/34, 15 rows 88/45 -> 52/36. The rule depends only on the problem's shape, never on the
 /// grouping of work items (which follows the thread count), so results stay thread-count invariant.
-[[nodiscard]] inline bool packed_products(index rows, index group) { return rows >= 2 || group >= 2; }
+[[nodiscard]] inline bool packed_products(index_t rows, index_t group) { return rows >= 2 || group >= 2; }
 
 /// Summary of one key block of one batch row: lets the kernel skip blocks nothing can see and
 /// avoid masking blocks everything sees.
 struct key_block {
-  index first = 0, cols = 0;
-  index valid = 0;                           ///< keys that are not padding
+  index_t first = 0, cols = 0;
+  index_t valid = 0;                           ///< keys that are not padding
   std::int64_t pos_min = 0, pos_max = 0;     ///< over all keys of the block
   bool ascending = true;                     ///< positions non-decreasing (the usual case)
 };
 
-inline std::vector<key_block> summarize_key_blocks(const call_masks& m, index block) {
-  const index nkb = m.k_len == 0 ? 0 : (m.k_len + block - 1) / block;
+inline std::vector<key_block> summarize_key_blocks(const call_masks& m, index_t block) {
+  const index_t nkb = m.k_len == 0 ? 0 : (m.k_len + block - 1) / block;
   std::vector<key_block> out(static_cast<std::size_t>(m.batch * nkb));
-  for (index b = 0; b < m.batch; ++b) {
+  for (index_t b = 0; b < m.batch; ++b) {
     const std::int64_t* pos = m.kp(b);
     const unsigned char* valid = m.kv(b);
-    for (index kb = 0; kb < nkb; ++kb) {
+    for (index_t kb = 0; kb < nkb; ++kb) {
       key_block& s = out[static_cast<std::size_t>(b * nkb + kb)];
       s.first = kb * block;
       s.cols = std::min(block, m.k_len - s.first);
       s.pos_min = std::numeric_limits<std::int64_t>::max();
       s.pos_max = std::numeric_limits<std::int64_t>::min();
-      for (index j = s.first; j < s.first + s.cols; ++j) {
+      for (index_t j = s.first; j < s.first + s.cols; ++j) {
         s.valid += valid[j] != 0 ? 1 : 0;
         s.pos_min = std::min(s.pos_min, pos[j]);
         s.pos_max = std::max(s.pos_max, pos[j]);
@@ -136,19 +136,19 @@ template <class T>
 void mask_tile(matrix_map<T> s, const std::int64_t* q_pos, const std::int64_t* k_pos, const unsigned char* k_valid,
                bool has_padding, bool causal, bool ascending) {
   constexpr T neg_inf = -std::numeric_limits<T>::infinity();
-  const index rows = s.rows(), cols = s.cols();
+  const index_t rows = s.rows(), cols = s.cols();
   if (has_padding)
-    for (index j = 0; j < cols; ++j)
+    for (index_t j = 0; j < cols; ++j)
       if (k_valid[j] == 0) s.col(j).setConstant(neg_inf);
   if (!causal) return;
   if (ascending) {
-    for (index i = 0; i < rows; ++i) {
-      const index seen = std::upper_bound(k_pos, k_pos + cols, q_pos[i]) - k_pos;
+    for (index_t i = 0; i < rows; ++i) {
+      const index_t seen = std::upper_bound(k_pos, k_pos + cols, q_pos[i]) - k_pos;
       s.row(i).tail(cols - seen).setConstant(neg_inf);
     }
   } else {
-    for (index i = 0; i < rows; ++i)
-      for (index j = 0; j < cols; ++j)
+    for (index_t i = 0; i < rows; ++i)
+      for (index_t j = 0; j < cols; ++j)
         if (k_pos[j] > q_pos[i]) s(i, j) = neg_inf;
   }
 }
@@ -158,17 +158,17 @@ template <class A, class B>
   if (x.size() == 0 || y.size() == 0) return false;
   const auto* x0 = reinterpret_cast<const char*>(x.data());
   const auto* y0 = reinterpret_cast<const char*>(y.data());
-  const auto* x1 = x0 + x.size() * static_cast<index>(sizeof(*x.data()));
-  const auto* y1 = y0 + y.size() * static_cast<index>(sizeof(*y.data()));
+  const auto* x1 = x0 + x.size() * static_cast<index_t>(sizeof(*x.data()));
+  const auto* y1 = y0 + y.size() * static_cast<index_t>(sizeof(*y.data()));
   return std::less<const char*>{}(x0, y1) && std::less<const char*>{}(y0, x1);
 }
 
 /// A key block some unit of a work item sees: the keys it provides (kcols) and each unit's share.
 struct block_plan {
-  index kb = 0;  ///< its index in the batch row's key blocks
-  index kcols = 0;
+  index_t kb = 0;  ///< its index in the batch row's key blocks
+  index_t kcols = 0;
   bool any_packed = false;
-  std::array<index, default_units_per_item> cols{};  ///< per unit (0: the unit does not see the block)
+  std::array<index_t, default_units_per_item> cols{};  ///< per unit (0: the unit does not see the block)
 };
 
 /// Per-thread buffers (detail::thread_scratch: kept from call to call), grown to the largest tile the
@@ -194,7 +194,7 @@ struct attention_scratch {
 
   /// Grows b to at least n elements (never shrinks, so no reallocation once the largest tile is seen).
   template <class B>
-  static auto* at_least(B& b, index n) {
+  static auto* at_least(B& b, index_t n) {
     if (b.size() < n) b.resize(n);
     return b.data();
   }
@@ -202,7 +202,7 @@ struct attention_scratch {
 
 /// One (head, query block) of a work item.
 struct query_unit {
-  index head = 0, q0 = 0, rows = 0;
+  index_t head = 0, q0 = 0, rows = 0;
   const std::int64_t* q_pos = nullptr;
   std::int64_t q_min = 0, q_max = 0;
   bool packed = false;  ///< products on packed operands (tile_gemm); else Eigen expressions (few rows)
@@ -220,27 +220,27 @@ class fused_attention {
   using gemm = tile_gemm<T>;
 
   fused_attention(heads_view<const T> q, heads_view<const T> k, heads_view<const T> v, heads_view<T> out,
-                  T* lse, const Bound& enc, const call_masks& masks, T scale, index q_block, index k_block,
-                  index buckets, index threads)
+                  T* lse, const Bound& enc, const call_masks& masks, T scale, index_t q_block, index_t k_block,
+                  index_t buckets, index_t threads)
       : q_(q), k_(k), v_(v), out_(out), lse_(lse), enc_(enc), masks_(masks), scale_(scale), q_block_(q_block),
         k_block_(k_block), buckets_(buckets), heads_(q.heads()), kv_heads_(k.heads()), group_(heads_ / kv_heads_),
         dim_(q.dim()), vdim_(v.dim()), q_len_(q.seq()), k_len_(k.seq()),
         q_blocks_(q_len_ == 0 ? 0 : (q_len_ + q_block - 1) / q_block),
         k_blocks_(k_len_ == 0 ? 0 : (k_len_ + k_block - 1) / k_block),
         key_blocks_(summarize_key_blocks(masks, k_block)) {
-    const index qb = std::min(q_block_, q_len_), kb = std::min(k_block_, k_len_);
+    const index_t qb = std::min(q_block_, q_len_), kb = std::min(k_block_, k_len_);
     chunk_s_ = gemm::column_chunk(kb, dim_, qb);
     chunk_pv_ = gemm::column_chunk(vdim_, kb, qb);
     // Units per item: up to default_units_per_item, fewer when that would leave under two items per
     // thread. The grouping never changes a unit's arithmetic (same packed operands, same order), so
     // the result does not depend on it, nor on the thread count it is derived from.
-    const index units = q_.batch() * heads_ * q_blocks_;
-    units_per_item_ = std::clamp<index>(units / (2 * threads), 1, default_units_per_item);
+    const index_t units = q_.batch() * heads_ * q_blocks_;
+    units_per_item_ = std::clamp<index_t>(units / (2 * threads), 1, default_units_per_item);
     units_per_group_ = group_ * q_blocks_;
     items_per_group_ = (units_per_group_ + units_per_item_ - 1) / units_per_item_;
     // Blocks that multiply through expressions (packed_products) need the keys unpacked; only the
     // last query block can be shorter than the others.
-    const index last_rows = q_len_ - (q_blocks_ - 1) * q_block_;
+    const index_t last_rows = q_len_ - (q_blocks_ - 1) * q_block_;
     const bool all_packed = packed_products(std::min(q_block_, q_len_), group_) && packed_products(last_rows, group_);
     const bool keys_packed_only = !hooks_read_qk && all_packed;  // nothing reads the unpacked keys
     if (!transforms) keys_ = key_mode::caller;
@@ -249,8 +249,8 @@ class fused_attention {
     // Rows per piece of transform_packed: whole packing steps, about 16 KiB, so the piece stays in L1
     // (48 rows at d = 128 in float; 96 and 192 rows measured the same within the pair benchmark's
     // noise, RoPE at L = 1024).
-    const index rows_in_16k = 16384 / static_cast<index>(sizeof(T)) / std::max<index>(dim_, 1);
-    piece_rows_ = std::max<index>(1, rows_in_16k / gemm::pack_step) * gemm::pack_step;
+    const index_t rows_in_16k = 16384 / static_cast<index_t>(sizeof(T)) / std::max<index_t>(dim_, 1);
+    piece_rows_ = std::max<index_t>(1, rows_in_16k / gemm::pack_step) * gemm::pack_step;
   }
 
   void run(Eigen::ThreadPoolInterface* pool) {
@@ -268,14 +268,14 @@ class fused_attention {
     for_each_item<attention_scratch<T>>(
         pool, q_.batch() * kv_heads_ * items_per_group_,
         [&](attention_scratch<T>& sc) { sc.units.resize(static_cast<std::size_t>(units_per_item_)); },
-        [&](index item, attention_scratch<T>& sc) { run_item(item, sc); });
+        [&](index_t item, attention_scratch<T>& sc) { run_item(item, sc); });
     require(!bad_bucket_.load(), "encoding", "value_buckets must return indices in [0, value_bucket_count())");
   }
 
  private:
   /// dst = transform(src): in one pass when the encoding has the out-of-place form, else a copy and
   /// the in-place form.
-  void transform_into(qk_role role, index head, std::span<const std::int64_t> pos, const const_matrix_map<T>& src,
+  void transform_into(qk_role role, index_t head, std::span<const std::int64_t> pos, const const_matrix_map<T>& src,
                       matrix_map<T> dst) const {
     if constexpr (has_qk_transform_copy<Bound, T>) {
       enc_.transform_qk(role, head, pos, src, dst);
@@ -290,12 +290,12 @@ class fused_attention {
   /// unpacked. It runs piece by piece: piece_rows_ rows are transformed into an L1-resident buffer and
   /// packed from there, so the transformed rows never make a round trip through L2 (packing piecewise
   /// gives the whole's layout: tile_gemm::pack_step).
-  void transform_packed(qk_role role, index head, std::span<const std::int64_t> pos, const const_matrix_map<T>& src,
+  void transform_packed(qk_role role, index_t head, std::span<const std::int64_t> pos, const const_matrix_map<T>& src,
                         T* packed, bool as_a, attention_scratch<T>& sc) const {
     T* piece = attention_scratch<T>::at_least(sc.qk_piece, piece_rows_ * dim_);
-    const index rows = src.rows();
-    for (index r = 0; r < rows; r += piece_rows_) {
-      const index n = std::min(piece_rows_, rows - r);
+    const index_t rows = src.rows();
+    for (index_t r = 0; r < rows; r += piece_rows_) {
+      const index_t n = std::min(piece_rows_, rows - r);
       transform_into(role, head, pos.subspan(static_cast<std::size_t>(r), static_cast<std::size_t>(n)),
                      const_matrix_map<T>(src.data() + r * src.outerStride(), n, dim_,
                                          Eigen::OuterStride<>(src.outerStride())),
@@ -306,7 +306,7 @@ class fused_attention {
   }
 
   /// Key block `blk` of (batch b, kv head hk) transformed and packed into the worker's buffer.
-  const T* transformed_packed_block(index b, index hk, const key_block& blk, attention_scratch<T>& sc) const {
+  const T* transformed_packed_block(index_t b, index_t hk, const key_block& blk, attention_scratch<T>& sc) const {
     T* packed = attention_scratch<T>::at_least(sc.k_packed, blk.cols * dim_);
     transform_packed(qk_role::key, hk, key_positions(b, blk), k_.matrix(b, hk, blk.first, blk.cols), packed, true, sc);
     return packed;
@@ -325,7 +325,7 @@ class fused_attention {
   /// RoPE's overhead over no encoding (L = 2048, causal, 1 thread, medians of 16 paired calls, three
   /// runs) was +5.7 / +6.8 / +4.2 % with memcpy, +4.0 / +2.1 / +3.2 % with the streamed copy, and
   /// +4.4 / +4.1 / +2.3 % when every work item transformed its own keys (a token rotated once per item).
-  const T* ensure_keys(index b, index hk, index kb, attention_scratch<T>& sc) {
+  const T* ensure_keys(index_t b, index_t hk, index_t kb, attention_scratch<T>& sc) {
     std::atomic<std::uint8_t>& state = key_state_[static_cast<std::size_t>(key_block_index(b, hk, kb))];
     T* shared = shared_block(b, hk, kb);
     if (state.load(std::memory_order_acquire) == key_done) return shared;
@@ -334,7 +334,7 @@ class fused_attention {
       const key_block& blk = block_of(b, kb);
       const T* mine = keys_ == key_mode::shared_packed ? transformed_packed_block(b, hk, blk, sc)
                                                        : transformed_block(b, hk, blk, sc).data();
-      stream_copy(shared, mine, blk.cols * dim_ * static_cast<index>(sizeof(T)));
+      stream_copy(shared, mine, blk.cols * dim_ * static_cast<index_t>(sizeof(T)));
       state.store(key_done, std::memory_order_release);
       return mine;
     }
@@ -345,10 +345,10 @@ class fused_attention {
   /// Prefetches keys r0 .. r1-1 of block kb for its first use: the caller's rows, which the packing
   /// or the transform reads, or the shared transformed block once another item has made it (its
   /// caller rows are then not read again).
-  void prefetch_keys(index b, index hk, index kb, index r0, index r1) {
+  void prefetch_keys(index_t b, index_t hk, index_t kb, index_t r0, index_t r1) {
     if (keys_shared() &&
         key_state_[static_cast<std::size_t>(key_block_index(b, hk, kb))].load(std::memory_order_relaxed) == key_done) {
-      prefetch_bytes(shared_block(b, hk, kb) + r0 * dim_, (r1 - r0) * dim_ * static_cast<index>(sizeof(T)), false);
+      prefetch_bytes(shared_block(b, hk, kb) + r0 * dim_, (r1 - r0) * dim_ * static_cast<index_t>(sizeof(T)), false);
       return;
     }
     prefetch_rows(k_.matrix(b, hk, block_of(b, kb).first + r0, r1 - r0), false);
@@ -362,45 +362,45 @@ class fused_attention {
   [[nodiscard]] bool keys_shared() const { return keys_ == key_mode::shared || keys_ == key_mode::shared_packed; }
 
   /// Index of key block kb of (batch b, kv head hk) among all of the call's (key_state_, shared_keys_).
-  [[nodiscard]] index key_block_index(index b, index hk, index kb) const {
+  [[nodiscard]] index_t key_block_index(index_t b, index_t hk, index_t kb) const {
     return (b * kv_heads_ + hk) * k_blocks_ + kb;
   }
 
   /// Elements per block of the shared keys: a whole number of the alignment that the packed layout's
   /// packet loads and the streamed copy need.
-  [[nodiscard]] index shared_block_size() const {
-    constexpr index align = EIGEN_MAX_ALIGN_BYTES / static_cast<index>(sizeof(T));
+  [[nodiscard]] index_t shared_block_size() const {
+    constexpr index_t align = EIGEN_MAX_ALIGN_BYTES / static_cast<index_t>(sizeof(T));
     return (std::min(k_block_, k_len_) * dim_ + align - 1) / align * align;
   }
 
   /// Start of key block kb of (batch b, kv head hk) in the shared keys.
-  [[nodiscard]] T* shared_block(index b, index hk, index kb) {
+  [[nodiscard]] T* shared_block(index_t b, index_t hk, index_t kb) {
     return shared_keys_.data() + key_block_index(b, hk, kb) * shared_block_size();
   }
 
   /// The keys of block `blk` transformed into the worker's buffer.
-  matrix_map<T> transformed_block(index b, index hk, const key_block& blk, attention_scratch<T>& sc) const {
+  matrix_map<T> transformed_block(index_t b, index_t hk, const key_block& blk, attention_scratch<T>& sc) const {
     matrix_map<T> kt(attention_scratch<T>::at_least(sc.k_work, blk.cols * dim_), blk.cols, dim_,
                      Eigen::OuterStride<>(dim_));
     transform_into(qk_role::key, hk, key_positions(b, blk), k_.matrix(b, hk, blk.first, blk.cols), kt);
     return kt;
   }
 
-  [[nodiscard]] std::span<const std::int64_t> key_positions(index b, const key_block& blk) const {
+  [[nodiscard]] std::span<const std::int64_t> key_positions(index_t b, const key_block& blk) const {
     return {masks_.kp(b) + blk.first, static_cast<std::size_t>(blk.cols)};
   }
 
-  [[nodiscard]] const key_block& block_of(index b, index kb) const {
+  [[nodiscard]] const key_block& block_of(index_t b, index_t kb) const {
     return key_blocks_[static_cast<std::size_t>(b * k_blocks_ + kb)];
   }
 
   /// Keys of block `blk` a unit must compute: all of them, or under a causal mask with ascending
   /// positions the prefix up to the unit's last query position (packed: rounded up to whole panels
   /// of the packed K, whose row prefixes are only packed K's themselves at panel boundaries).
-  [[nodiscard]] index needed_keys(const key_block& blk, const std::int64_t* k_pos, const query_unit& u) const {
+  [[nodiscard]] index_t needed_keys(const key_block& blk, const std::int64_t* k_pos, const query_unit& u) const {
     if (!masks_.causal || !blk.ascending) return blk.cols;
     const std::int64_t* first = k_pos + blk.first;
-    const index seen = std::upper_bound(first, first + blk.cols, u.q_max) - first;
+    const index_t seen = std::upper_bound(first, first + blk.cols, u.q_max) - first;
     if (!u.packed) return seen;
     return std::min(blk.cols, (seen + gemm::a_panel - 1) / gemm::a_panel * gemm::a_panel);
   }
@@ -408,7 +408,7 @@ class fused_attention {
   /// The unit's queries, transformed once (Q/K transforms), packed or scaled for the score products.
   /// Returns the (transformed) queries for the hooks: none (no rows) when no hook reads them and they
   /// were transformed straight into the packed operand.
-  const_matrix_map<T> prepare_queries(index b, const query_unit& u, attention_scratch<T>& sc,
+  const_matrix_map<T> prepare_queries(index_t b, const query_unit& u, attention_scratch<T>& sc,
                                       typename attention_scratch<T>::unit_state& st) {
     using scratch = attention_scratch<T>;
     if constexpr (transforms && !hooks_read_qk) {
@@ -437,13 +437,13 @@ class fused_attention {
     return q;
   }
 
-  void run_item(index item, attention_scratch<T>& sc) {
+  void run_item(index_t item, attention_scratch<T>& sc) {
     constexpr T neg_inf = -std::numeric_limits<T>::infinity();
-    const index grp = item / items_per_group_;
-    const index chunk = items_per_group_ - 1 - item % items_per_group_;
-    const index b = grp / kv_heads_, hk = grp % kv_heads_;
-    const index first_unit = chunk * units_per_item_;
-    const index n_units = std::min(units_per_item_, units_per_group_ - first_unit);
+    const index_t grp = item / items_per_group_;
+    const index_t chunk = items_per_group_ - 1 - item % items_per_group_;
+    const index_t b = grp / kv_heads_, hk = grp % kv_heads_;
+    const index_t first_unit = chunk * units_per_item_;
+    const index_t n_units = std::min(units_per_item_, units_per_group_ - first_unit);
     const std::int64_t* k_pos = masks_.kp(b);
     const unsigned char* k_valid = masks_.kv(b);
     const bool causal = masks_.causal;
@@ -451,9 +451,9 @@ class fused_attention {
 
     std::array<query_unit, default_units_per_item> units;
     std::array<std::optional<const_matrix_map<T>>, default_units_per_item> q_tiles;
-    for (index i = 0; i < n_units; ++i) {
+    for (index_t i = 0; i < n_units; ++i) {
       query_unit& u = units[static_cast<std::size_t>(i)];
-      const index unit = first_unit + i;
+      const index_t unit = first_unit + i;
       u.head = hk * group_ + unit / q_blocks_;
       u.q0 = unit % q_blocks_ * q_block_;
       u.rows = std::min(q_block_, q_len_ - u.q0);
@@ -476,11 +476,11 @@ class fused_attention {
     // The key blocks some unit sees, and how many keys each unit needs from them.
     std::vector<block_plan>& plan = sc.plan;
     plan.clear();
-    for (index kb = 0; kb < k_blocks_; ++kb) {
+    for (index_t kb = 0; kb < k_blocks_; ++kb) {
       const key_block& blk = block_of(b, kb);
       if (blk.valid == 0) continue;  // every key is padding
       block_plan p{.kb = kb};
-      for (index i = 0; i < n_units; ++i) {
+      for (index_t i = 0; i < n_units; ++i) {
         const query_unit& u = units[static_cast<std::size_t>(i)];
         if (causal && blk.pos_min > u.q_max) continue;  // above the causal diagonal: nothing visible
         p.cols[static_cast<std::size_t>(i)] = needed_keys(blk, k_pos, u);
@@ -493,7 +493,7 @@ class fused_attention {
     for (std::size_t pi = 0; pi < plan.size(); ++pi) {
       const block_plan& p = plan[pi];
       const key_block& blk = block_of(b, p.kb);
-      const index kcols = p.kcols;
+      const index_t kcols = p.kcols;
       // The block's keys and values, packed once for all units (keys once per call in
       // key_mode::shared_packed).
       const T* k_packed = nullptr;
@@ -533,15 +533,15 @@ class fused_attention {
       // memory latency (measured: a Q/K transform reading unprefetched rows took 2.2 ms of a 29 ms
       // RoPE attention call at L = 1024, 1 thread, 8 heads).
       const block_plan* next = pi + 1 < plan.size() ? &plan[pi + 1] : nullptr;
-      index visible = 0;
-      for (index i = 0; i < n_units; ++i) visible += p.cols[static_cast<std::size_t>(i)] > 0 ? 1 : 0;
-      index slice = 0;
-      for (index i = 0; i < n_units; ++i) {
-        const index c = p.cols[static_cast<std::size_t>(i)];
+      index_t visible = 0;
+      for (index_t i = 0; i < n_units; ++i) visible += p.cols[static_cast<std::size_t>(i)] > 0 ? 1 : 0;
+      index_t slice = 0;
+      for (index_t i = 0; i < n_units; ++i) {
+        const index_t c = p.cols[static_cast<std::size_t>(i)];
         if (c == 0) continue;
         if (next != nullptr) {
-          const index n = next->kcols, r0 = n * slice / visible, r1 = n * (slice + 1) / visible;
-          const index first = block_of(b, next->kb).first + r0;
+          const index_t n = next->kcols, r0 = n * slice / visible, r1 = n * (slice + 1) / visible;
+          const index_t first = block_of(b, next->kb).first + r0;
           prefetch_keys(b, hk, next->kb, r0, r1);
           prefetch_rows(v_.matrix(b, hk, first, r1 - r0), false);
         } else {
@@ -563,7 +563,7 @@ class fused_attention {
       }
     }
 
-    for (index i = 0; i < n_units; ++i) {
+    for (index_t i = 0; i < n_units; ++i) {
       const query_unit& u = units[static_cast<std::size_t>(i)];
       auto& st = sc.units[static_cast<std::size_t>(i)];
       matrix_map<T> acc(st.acc_out.data(), u.rows, vdim_, Eigen::OuterStride<>(vdim_));
@@ -574,25 +574,25 @@ class fused_attention {
       }
       const online_softmax<T>& sm = st.softmax;
       auto dst = out_.matrix(b, u.head, u.q0, u.rows);
-      for (index r = 0; r < u.rows; ++r) {
+      for (index_t r = 0; r < u.rows; ++r) {
         if (sm.l(r) > T(0)) dst.row(r) = acc.row(r) * (T(1) / sm.l(r));
         else dst.row(r).setZero();  // the row sees no key
       }
       if (lse_ != nullptr) {
         T* row_lse = lse_ + (b * heads_ + u.head) * q_len_ + u.q0;
-        for (index r = 0; r < u.rows; ++r) row_lse[r] = sm.l(r) > T(0) ? sm.lse(r) : neg_inf;
+        for (index_t r = 0; r < u.rows; ++r) row_lse[r] = sm.l(r) > T(0) ? sm.lse(r) : neg_inf;
       }
     }
   }
 
   /// One tile: the unit's queries x the first `cols` keys of block `blk` (kcols: keys packed).
-  void tile_step(index b, index hk, const key_block& blk, index cols, index kcols, const query_unit& u,
+  void tile_step(index_t b, index_t hk, const key_block& blk, index_t cols, index_t kcols, const query_unit& u,
                  const const_matrix_map<T>& q_tile, const const_matrix_map<T>& k_block, const T* k_packed,
                  const const_matrix_map<T>& v_block,
                  const std::int64_t* k_pos, const unsigned char* k_valid,
                  typename attention_scratch<T>::unit_state& st, attention_scratch<T>& sc) {
     using scratch = attention_scratch<T>;
-    const index rows = u.rows;
+    const index_t rows = u.rows;
     const bool all_visible = blk.valid == blk.cols && (!masks_.causal || blk.pos_max <= u.q_min);
     matrix_map<T> s(scratch::at_least(sc.scores, rows * cols), rows, cols, Eigen::OuterStride<>(cols));
     if (u.packed) {  // S^T (keys x queries, column-major) = scale K Q^T
@@ -619,7 +619,7 @@ class fused_attention {
     online_softmax<T>& sm = st.softmax;
     matrix_map<T> acc(st.acc_out.data(), rows, vdim_, Eigen::OuterStride<>(vdim_));
     matrix_map<T> acc_buckets(value_terms ? st.acc_buckets.data() : nullptr, rows, buckets_,
-                              Eigen::OuterStride<>(std::max<index>(buckets_, 1)));
+                              Eigen::OuterStride<>(std::max<index_t>(buckets_, 1)));
     if (sm.step(s)) {
       acc = sm.alpha.asDiagonal() * acc;
       if constexpr (value_terms) acc_buckets = sm.alpha.asDiagonal() * acc_buckets;
@@ -635,8 +635,8 @@ class fused_attention {
     if constexpr (value_terms) {
       index_tile idx(scratch::at_least(sc.buckets, rows * cols), rows, cols, Eigen::OuterStride<>(cols));
       enc_.value_buckets(t, idx);
-      for (index i = 0; i < rows; ++i)
-        for (index j = 0; j < cols; ++j) {
+      for (index_t i = 0; i < rows; ++i)
+        for (index_t j = 0; j < cols; ++j) {
           const std::int32_t c = idx(i, j);
           // Masked pairs (weight 0) may carry any index; a visible pair with an index outside the
           // table is an encoding bug, reported after the call (a worker thread cannot throw). It is
@@ -656,11 +656,11 @@ class fused_attention {
   const Bound& enc_;
   const call_masks& masks_;
   T scale_;
-  index q_block_, k_block_, buckets_;
-  index heads_, kv_heads_, group_, dim_, vdim_, q_len_, k_len_, q_blocks_, k_blocks_;
-  index chunk_s_ = 0, chunk_pv_ = 0, units_per_item_ = 1, units_per_group_ = 0, items_per_group_ = 0;
+  index_t q_block_, k_block_, buckets_;
+  index_t heads_, kv_heads_, group_, dim_, vdim_, q_len_, k_len_, q_blocks_, k_blocks_;
+  index_t chunk_s_ = 0, chunk_pv_ = 0, units_per_item_ = 1, units_per_group_ = 0, items_per_group_ = 0;
   key_mode keys_ = key_mode::caller;
-  index piece_rows_ = 1;  ///< rows per piece of transform_packed
+  index_t piece_rows_ = 1;  ///< rows per piece of transform_packed
   std::vector<key_block> key_blocks_;
   // Transformed keys (key_mode shared*): per (batch, kv head, key block), shared_block_size() apart,
   // the block's rows (shared) or the block packed (shared_packed).
@@ -677,7 +677,7 @@ void attention_impl(heads_view<const T> q, heads_view<const T> k, heads_view<con
                     std::optional<tensor_map<T, 3>> lse, const E& enc, const attention_options& opt) {
   static_assert(has_attention_hook<E, T>, "posenc::attention: the encoding has no hook for this scalar type");
   check_attention_shapes<T>(q, k, v, out);
-  const index B = q.batch(), H = q.heads(), Hkv = k.heads(), Sq = q.seq(), Sk = k.seq(), D = q.dim(), Dv = v.dim();
+  const index_t B = q.batch(), H = q.heads(), Hkv = k.heads(), Sq = q.seq(), Sk = k.seq(), D = q.dim(), Dv = v.dim();
   if (lse)
     require(lse->dimension(0) == B && lse->dimension(1) == H && lse->dimension(2) == Sq, "lse",
             "must be [batch, heads, q_len]", "[", lse->dimension(0), ", ", lse->dimension(1), ", ",
@@ -701,11 +701,11 @@ void attention_impl(heads_view<const T> q, heads_view<const T> k, heads_view<con
   auto&& bound = bind_encoding(enc, info);
   using bound_type = std::remove_cvref_t<decltype(bound)>;
 
-  index buckets = 0;
+  index_t buckets = 0;
   if constexpr (has_value_terms<bound_type, T>) {
-    buckets = static_cast<index>(bound.value_bucket_count());
+    buckets = static_cast<index_t>(bound.value_bucket_count());
     require(buckets >= 0, "encoding", "value_bucket_count must be >= 0", buckets);
-    for (index h = 0; h < H; ++h) {
+    for (index_t h = 0; h < H; ++h) {
       const const_matrix_map<T> table = bound.template value_table<T>(h);
       require(table.rows() == buckets && table.cols() == Dv, "encoding",
               "value_table(head) must be [value_bucket_count, value_dim]", "[", table.rows(), ", ", table.cols(),
@@ -714,11 +714,11 @@ void attention_impl(heads_view<const T> q, heads_view<const T> k, heads_view<con
   }
   if (B * H * Sq == 0) return;
 
-  const index q_block = opt.q_block > 0 ? opt.q_block : default_q_block;
-  const index k_block = opt.k_block > 0 ? opt.k_block : default_k_block;
+  const index_t q_block = opt.q_block > 0 ? opt.q_block : default_q_block;
+  const index_t k_block = opt.k_block > 0 ? opt.k_block : default_k_block;
   fused_attention<T, bound_type> kernel(q, k, v, out, lse ? lse->data() : nullptr, bound, masks,
                                         static_cast<T>(scale), q_block, k_block, buckets,
-                                        opt.pool != nullptr ? std::max<index>(opt.pool->NumThreads(), 1) : 1);
+                                        opt.pool != nullptr ? std::max<index_t>(opt.pool->NumThreads(), 1) : 1);
   kernel.run(opt.pool);
 }
 
@@ -751,7 +751,7 @@ void attention(heads_view<const T> q, heads_view<const T> k, heads_view<const T>
 template <class T>
 void merge(heads_view<const T> out_a, tensor_map<const T, 3> lse_a, heads_view<const T> out_b,
            tensor_map<const T, 3> lse_b, heads_view<T> out, tensor_map<T, 3> lse) {
-  const index B = out.batch(), S = out.seq(), H = out.heads(), D = out.dim();
+  const index_t B = out.batch(), S = out.seq(), H = out.heads(), D = out.dim();
   auto same_shape = [&](const heads_view<const T>& x, const char* name) {
     require(x.batch() == B && x.seq() == S && x.heads() == H && x.dim() == D, name,
             "must have out's shape [batch, seq, heads, dim]", "[", x.batch(), ", ", x.seq(), ", ", x.heads(), ", ",
@@ -768,21 +768,21 @@ void merge(heads_view<const T> out_a, tensor_map<const T, 3> lse_a, heads_view<c
   lse_shape(lse_b, "lse_b");
   lse_shape(lse, "lse");
   constexpr T neg_inf = -std::numeric_limits<T>::infinity();
-  for (index b = 0; b < B; ++b)
-    for (index h = 0; h < H; ++h)
-      for (index s = 0; s < S; ++s) {
+  for (index_t b = 0; b < B; ++b)
+    for (index_t h = 0; h < H; ++h)
+      for (index_t s = 0; s < S; ++s) {
         const T la = lse_a(b, h, s), lb = lse_b(b, h, s);
         const T m = std::max(la, lb);
         const T* a = out_a.row(b, s, h);
         const T* c = out_b.row(b, s, h);
         T* o = out.row(b, s, h);
         if (m == neg_inf) {  // neither part sees a key
-          for (index d = 0; d < D; ++d) o[d] = T(0);
+          for (index_t d = 0; d < D; ++d) o[d] = T(0);
           lse(b, h, s) = neg_inf;
           continue;
         }
         const T wa = std::exp(la - m), wb = std::exp(lb - m), sum = wa + wb;
-        for (index d = 0; d < D; ++d) o[d] = (wa * a[d] + wb * c[d]) / sum;
+        for (index_t d = 0; d < D; ++d) o[d] = (wa * a[d] + wb * c[d]) / sum;
         lse(b, h, s) = m + std::log(sum);
       }
 }

@@ -44,7 +44,7 @@ enum class scalar_type { float32, float64 };
 
 /// What `bind` sees, once per attention call, before any tile.
 struct call_info {
-  index batch = 0, heads = 0, kv_heads = 0, q_len = 0, k_len = 0, head_dim = 0, value_dim = 0;
+  index_t batch = 0, heads = 0, kv_heads = 0, q_len = 0, k_len = 0, head_dim = 0, value_dim = 0;
   scalar_type scalar = scalar_type::float32;  ///< the kernel's T: float32 for float, float64 for double
   positions_view q_positions{nullptr, 0, 0};  ///< [batch, q_len]
   positions_view k_positions{nullptr, 0, 0};  ///< [batch, k_len]
@@ -54,9 +54,9 @@ struct call_info {
 /// One tile of one (batch, head): queries q_first..q_first+rows-1 x keys k_first..k_first+cols-1.
 template <class T>
 struct tile {
-  index batch = 0, head = 0, kv_head = 0;
-  index q_first = 0, k_first = 0;  ///< index of the first query / key of the tile in its sequence
-  index rows = 0, cols = 0;
+  index_t batch = 0, head = 0, kv_head = 0;
+  index_t q_first = 0, k_first = 0;  ///< index of the first query / key of the tile in its sequence
+  index_t rows = 0, cols = 0;
   const std::int64_t* q_pos = nullptr;  ///< [rows] absolute positions of the tile's queries
   const std::int64_t* k_pos = nullptr;  ///< [cols] absolute positions of the tile's keys
   const_matrix_map<T> q{nullptr, 0, 0, Eigen::OuterStride<>(1)};  ///< [rows x d], after Q/K transforms, unscaled
@@ -73,7 +73,7 @@ template <class E, class T>
 concept has_input_encoding = requires(const E& e, tensor_map<T, 3> x, positions_view p) { e.add_to(x, p); };
 
 template <class E, class T>
-concept has_qk_transform = requires(const E& e, qk_role r, index h, std::span<const std::int64_t> p,
+concept has_qk_transform = requires(const E& e, qk_role r, index_t h, std::span<const std::int64_t> p,
                                     matrix_map<T> x) { e.transform_qk(r, h, p, x); };
 
 /// Optional out-of-place form of a Q/K transform: out = transform(in), both [tokens x head_dim]
@@ -81,7 +81,7 @@ concept has_qk_transform = requires(const E& e, qk_role r, index h, std::span<co
 /// one pass over the caller's buffer instead of two.
 template <class E, class T>
 concept has_qk_transform_copy =
-    has_qk_transform<E, T> && requires(const E& e, qk_role r, index h, std::span<const std::int64_t> p,
+    has_qk_transform<E, T> && requires(const E& e, qk_role r, index_t h, std::span<const std::int64_t> p,
                                        const_matrix_map<T> in, matrix_map<T> out) { e.transform_qk(r, h, p, in, out); };
 
 template <class E, class T>
@@ -93,14 +93,14 @@ template <class E, class T>
 concept has_position_bias = requires(const E& e, const tile<T>& t, matrix_map<T> s) { e.add_position_bias(t, s); };
 
 template <class E, class T>
-concept has_value_terms = requires(const E& e, const tile<T>& t, index_tile idx, index h) {
-  { e.value_bucket_count() } -> std::convertible_to<index>;
+concept has_value_terms = requires(const E& e, const tile<T>& t, index_tile idx, index_t h) {
+  { e.value_bucket_count() } -> std::convertible_to<index_t>;
   e.value_buckets(t, idx);
   { e.template value_table<T>(h) } -> std::convertible_to<const_matrix_map<T>>;
 };
 
 template <class E>
-concept has_logit_scale = requires(const E& e, index d) {
+concept has_logit_scale = requires(const E& e, index_t d) {
   { e.logit_scale(d) } -> std::convertible_to<double>;
 };
 
@@ -125,7 +125,7 @@ concept encoding = attention_encoding<E> || input_encoding<E>;
 
 /// No positional information: plain scaled dot-product attention (logit scale 1/sqrt(d)).
 struct no_position {
-  [[nodiscard]] static double logit_scale(index head_dim) {
+  [[nodiscard]] static double logit_scale(index_t head_dim) {
     return head_dim > 0 ? 1.0 / std::sqrt(static_cast<double>(head_dim)) : 1.0;
   }
 };
@@ -147,7 +147,7 @@ decltype(auto) bind_encoding(const E& enc, const call_info& info) {
 
 /// The logit scale an encoding asks for, or 1/sqrt(head_dim) when it has no opinion.
 template <class E>
-[[nodiscard]] double default_logit_scale(const E& enc, index head_dim) {
+[[nodiscard]] double default_logit_scale(const E& enc, index_t head_dim) {
   if constexpr (has_logit_scale<E>) return enc.logit_scale(head_dim);
   else return no_position::logit_scale(head_dim);
 }

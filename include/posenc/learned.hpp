@@ -46,8 +46,8 @@ class learned_absolute {
     check();
   }
 
-  [[nodiscard]] index max_positions() const { return table_.rows(); }
-  [[nodiscard]] index d_model() const { return table_.cols(); }
+  [[nodiscard]] index_t max_positions() const { return table_.rows(); }
+  [[nodiscard]] index_t d_model() const { return table_.cols(); }
   [[nodiscard]] std::int64_t offset() const { return options_.offset; }
   [[nodiscard]] const tensor_map<const W, 2>& table() const { return table_.view(); }
   /// The first and last position that have a row: [-offset, max_positions - 1 - offset].
@@ -59,19 +59,19 @@ class learned_absolute {
   template <class T>
   requires std::is_floating_point_v<T>
   void add_to(tensor_map<T, 3> x, positions_view pos) const {
-    const index B = x.dimension(0), S = x.dimension(1), D = x.dimension(2);
+    const index_t B = x.dimension(0), S = x.dimension(1), D = x.dimension(2);
     require(D == d_model(), "x", "last dimension must equal the table's d_model", D, " vs ", d_model());
     require((pos.dimension(0) == B || pos.dimension(0) == 1) && pos.dimension(1) == S, "pos",
             "must be [batch, seq] or [1, seq]", "[", pos.dimension(0), ", ", pos.dimension(1), "] for x [", B, ", ", S,
             ", ", D, "]");
-    const index P = pos.dimension(0);
-    for (index b = 0; b < P; ++b)
-      for (index s = 0; s < S; ++s) check_position(pos(b, s), b, s);
-    for (index b = 0; b < B; ++b) {
-      for (index s = 0; s < S; ++s) {
+    const index_t P = pos.dimension(0);
+    for (index_t b = 0; b < P; ++b)
+      for (index_t s = 0; s < S; ++s) check_position(pos(b, s), b, s);
+    for (index_t b = 0; b < B; ++b) {
+      for (index_t s = 0; s < S; ++s) {
         const W* src = table_.row(pos(P == 1 ? 0 : b, s) + options_.offset);
         T* dst = x.data() + (b * S + s) * D;
-        for (index d = 0; d < D; ++d) dst[d] += static_cast<T>(src[d]);
+        for (index_t d = 0; d < D; ++d) dst[d] += static_cast<T>(src[d]);
       }
     }
   }
@@ -81,7 +81,7 @@ class learned_absolute {
     require(table_.rows() > 0, "table", "must have at least one row (max_positions > 0)", table_.rows());
     require(table_.view().data() != nullptr || table_.cols() == 0, "table", "data must not be null");
   }
-  void check_position(std::int64_t p, index b, index s) const {
+  void check_position(std::int64_t p, index_t b, index_t s) const {
     // Compare p against the valid position range rather than forming p + offset, which could overflow.
     if (p >= min_position() && p <= max_position()) return;
     std::int64_t row = 0;

@@ -35,8 +35,8 @@ struct attention_options {
   /// Thread pool for (batch, head, query block) work items; null = the calling thread only.
   Eigen::ThreadPoolInterface* pool = nullptr;
   /// Tile sizes; 0 = the kernel's measured defaults.
-  index q_block = 0;
-  index k_block = 0;
+  index_t q_block = 0;
+  index_t k_block = 0;
 };
 
 }  // namespace posenc

@@ -24,12 +24,12 @@ using positions = Eigen::Tensor<std::int64_t, 2, Eigen::RowMajor>;
 
 /// offset, offset+1, ..., offset+seq-1 in every batch row (prefill at offset 0; a decode step
 /// after `offset` cached tokens).
-[[nodiscard]] inline positions contiguous_positions(index batch, index seq, std::int64_t offset = 0) {
+[[nodiscard]] inline positions contiguous_positions(index_t batch, index_t seq, std::int64_t offset = 0) {
   require(batch >= 0, "batch", "must be >= 0", batch);
   require(seq >= 0, "seq", "must be >= 0", seq);
   positions p(batch, seq);
-  for (index b = 0; b < batch; ++b)
-    for (index s = 0; s < seq; ++s) p(b, s) = offset + s;
+  for (index_t b = 0; b < batch; ++b)
+    for (index_t s = 0; s < seq; ++s) p(b, s) = offset + s;
   return p;
 }
 
@@ -53,15 +53,15 @@ using positions = Eigen::Tensor<std::int64_t, 2, Eigen::RowMajor>;
 /// 1 = real token, 0 = padding (HF's convention). Padding slots get position 1, as HF's
 /// `position_ids.masked_fill_(attention_mask == 0, 1)` does; they are masked out of attention anyway.
 [[nodiscard]] inline positions positions_from_attention_mask(tensor_map<const std::int64_t, 2> attention_mask) {
-  const index batch = attention_mask.dimension(0), seq = attention_mask.dimension(1);
-  for (index b = 0; b < batch; ++b)
-    for (index s = 0; s < seq; ++s)
+  const index_t batch = attention_mask.dimension(0), seq = attention_mask.dimension(1);
+  for (index_t b = 0; b < batch; ++b)
+    for (index_t s = 0; s < seq; ++s)
       require(attention_mask(b, s) == 0 || attention_mask(b, s) == 1, "attention_mask", "entries must be 0 or 1",
               attention_mask(b, s), " at [", b, ", ", s, "]");
   positions p(batch, seq);
-  for (index b = 0; b < batch; ++b) {
+  for (index_t b = 0; b < batch; ++b) {
     std::int64_t count = 0;
-    for (index s = 0; s < seq; ++s) {
+    for (index_t s = 0; s < seq; ++s) {
       count += attention_mask(b, s);
       p(b, s) = attention_mask(b, s) != 0 ? count - 1 : 1;
     }
@@ -73,7 +73,7 @@ using positions = Eigen::Tensor<std::int64_t, 2, Eigen::RowMajor>;
 /// HF's dynamic NTK and LongRoPE use. 0 for an empty tensor.
 [[nodiscard]] inline std::int64_t sequence_length(positions_view p) {
   std::int64_t m = -1;
-  for (index i = 0; i < p.size(); ++i) m = p.data()[i] > m ? p.data()[i] : m;
+  for (index_t i = 0; i < p.size(); ++i) m = p.data()[i] > m ? p.data()[i] : m;
   return m + 1;
 }
 

@@ -29,11 +29,11 @@ namespace posenc {
 template <class T>
 struct reference_terms {
   /// Added to q_i . k_j inside the scale (Shaw keys, Transformer-XL, DeBERTa, TUPE's untied term).
-  std::function<T(index b, index h, index i, index j)> score_term{};
+  std::function<T(index_t b, index_t h, index_t i, index_t j)> score_term{};
   /// Added after the scale (ALiBi, T5, TUPE's relative bias, an explicit additive mask).
-  std::function<T(index b, index h, index i, index j)> bias{};
+  std::function<T(index_t b, index_t h, index_t i, index_t j)> bias{};
   /// Writes value_dim numbers added to v_j for the pair (i, j) (Shaw values).
-  std::function<void(index b, index h, index i, index j, T* add)> value_term{};
+  std::function<void(index_t b, index_t h, index_t i, index_t j, T* add)> value_term{};
 };
 
 /// Plain materialized attention. `probs` (optional) is [batch, heads, q_len, k_len]; `lse` (optional)
@@ -44,7 +44,7 @@ void reference_attention(heads_view<const T> q, heads_view<const T> k, heads_vie
                          std::optional<tensor_map<T, 4>> probs = std::nullopt,
                          std::optional<tensor_map<T, 3>> lse = std::nullopt) {
   detail::check_attention_shapes<T>(q, k, v, out);
-  const index B = q.batch(), H = q.heads(), Hkv = k.heads(), Sq = q.seq(), Sk = k.seq(), D = q.dim(), Dv = v.dim();
+  const index_t B = q.batch(), H = q.heads(), Hkv = k.heads(), Sq = q.seq(), Sk = k.seq(), D = q.dim(), Dv = v.dim();
   if (probs)
     require(probs->dimension(0) == B && probs->dimension(1) == H && probs->dimension(2) == Sq &&
                 probs->dimension(3) == Sk,
@@ -59,34 +59,34 @@ void reference_attention(heads_view<const T> q, heads_view<const T> k, heads_vie
   const T neg_inf = -std::numeric_limits<T>::infinity();
   std::vector<T> s(static_cast<std::size_t>(Sk)), add(static_cast<std::size_t>(Dv));
   std::vector<unsigned char> vis(static_cast<std::size_t>(Sk));
-  for (index b = 0; b < B; ++b) {
-    for (index h = 0; h < H; ++h) {
-      const index hk = detail::kv_head_of(h, H, Hkv);
-      for (index i = 0; i < Sq; ++i) {
+  for (index_t b = 0; b < B; ++b) {
+    for (index_t h = 0; h < H; ++h) {
+      const index_t hk = detail::kv_head_of(h, H, Hkv);
+      for (index_t i = 0; i < Sq; ++i) {
         T mx = neg_inf;
-        for (index j = 0; j < Sk; ++j) {
+        for (index_t j = 0; j < Sk; ++j) {
           vis[j] = m.visible(b, i, j) ? 1 : 0;
           T dot = 0;
-          for (index d = 0; d < D; ++d) dot += q(b, i, h, d) * k(b, j, hk, d);
+          for (index_t d = 0; d < D; ++d) dot += q(b, i, h, d) * k(b, j, hk, d);
           if (terms.score_term) dot += terms.score_term(b, h, i, j);
           s[j] = static_cast<T>(scale) * dot;
           if (terms.bias) s[j] += terms.bias(b, h, i, j);
           if (vis[j] && s[j] > mx) mx = s[j];
         }
         T sum = 0;
-        for (index j = 0; j < Sk; ++j) {
+        for (index_t j = 0; j < Sk; ++j) {
           // A row whose visible scores are all -inf (or that sees nothing) gets zero weights.
           s[j] = (vis[j] && mx != neg_inf) ? std::exp(s[j] - mx) : T(0);
           sum += s[j];
         }
-        for (index d = 0; d < Dv; ++d) out(b, i, h, d) = 0;
-        for (index j = 0; j < Sk; ++j) {
+        for (index_t d = 0; d < Dv; ++d) out(b, i, h, d) = 0;
+        for (index_t j = 0; j < Sk; ++j) {
           const T p = sum > 0 ? s[j] / sum : T(0);
           if (probs) (*probs)(b, h, i, j) = p;
           if (p == 0) continue;
-          for (index d = 0; d < Dv; ++d) add[d] = 0;
+          for (index_t d = 0; d < Dv; ++d) add[d] = 0;
           if (terms.value_term) terms.value_term(b, h, i, j, add.data());
-          for (index d = 0; d < Dv; ++d) out(b, i, h, d) += p * (v(b, j, hk, d) + add[d]);
+          for (index_t d = 0; d < Dv; ++d) out(b, i, h, d) += p * (v(b, j, hk, d) + add[d]);
         }
         if (lse) (*lse)(b, h, i) = sum > 0 ? mx + std::log(sum) : neg_inf;
       }

@@ -54,11 +54,11 @@ enum class rope_angles {
 
 /// RoPE configuration, keys as in Hugging Face's config.json.
 struct rope_config {
-  index head_dim = 0;
+  index_t head_dim = 0;
   double rope_theta = 10000.0;
   /// rotary_dim = int(head_dim * partial_rotary_factor) (truncation) unless rotary_dim is set.
   double partial_rotary_factor = 1.0;
-  std::optional<index> rotary_dim{};
+  std::optional<index_t> rotary_dim{};
   rope_layout layout = rope_layout::half;
   rope_scaling scaling{};
   std::optional<std::int64_t> max_position_embeddings{};
@@ -74,7 +74,7 @@ namespace detail {
 /// What a rope_table was built from: its position range and the frequencies (apply() checks them).
 struct rope_table_identity {
   std::int64_t first = 0;
-  index count = 0, rotary_dim = 0;
+  index_t count = 0, rotary_dim = 0;
   rope_layout layout = rope_layout::half;
   std::vector<double> inv_freq{};
   double attention_factor = 1;
@@ -89,12 +89,12 @@ template <class T>
 class rope_table {
  public:
   [[nodiscard]] std::int64_t first() const { return id_.first; }
-  [[nodiscard]] index count() const { return id_.count; }
-  [[nodiscard]] index rotary_dim() const { return id_.rotary_dim; }
+  [[nodiscard]] index_t count() const { return id_.count; }
+  [[nodiscard]] index_t rotary_dim() const { return id_.rotary_dim; }
   [[nodiscard]] rope_layout layout() const { return id_.layout; }
   [[nodiscard]] bool contains(std::int64_t p) const { return p >= id_.first && p - id_.first < id_.count; }
   /// Values per position: rotary_dim, cos and sin of each pair (layout: detail/rope_kernels.hpp).
-  [[nodiscard]] index width() const { return id_.rotary_dim; }
+  [[nodiscard]] index_t width() const { return id_.rotary_dim; }
   [[nodiscard]] const T* row(std::int64_t p) const { return data_.get() + (p - id_.first) * width(); }
   /// Bytes of the table (what one pass over it reads).
   [[nodiscard]] std::size_t bytes() const { return values() * sizeof(T); }
@@ -125,15 +125,15 @@ class rope_table {
 /// rope::bind returns to the attention kernel (then with a cos/sin table of the call's positions).
 class rope_frequencies {
  public:
-  rope_frequencies(index head_dim, index rotary_dim, rope_layout layout, rope_angles angles,
+  rope_frequencies(index_t head_dim, index_t rotary_dim, rope_layout layout, rope_angles angles,
                    std::vector<double> inv_freq, std::vector<float> inv_freq_f32, double attention_factor,
                    std::int64_t seq_len)
       : head_dim_(head_dim), rotary_dim_(rotary_dim), layout_(layout), angles_(angles),
         inv_freq_(std::move(inv_freq)), inv_freq_f32_(std::move(inv_freq_f32)), attention_factor_(attention_factor),
         seq_len_(seq_len) {}
 
-  [[nodiscard]] index head_dim() const { return head_dim_; }
-  [[nodiscard]] index rotary_dim() const { return rotary_dim_; }
+  [[nodiscard]] index_t head_dim() const { return head_dim_; }
+  [[nodiscard]] index_t rotary_dim() const { return rotary_dim_; }
   [[nodiscard]] rope_layout layout() const { return layout_; }
   [[nodiscard]] rope_angles angles() const { return angles_; }
   /// inv_freq in double (rotary_dim/2 values); the exact mode rotates with these.
@@ -195,14 +195,14 @@ class rope_frequencies {
     std::vector<T> row(static_cast<std::size_t>(width()));
     fill_row(delta, row.data(), 1.0);
     const bool il = interleaved();
-    for (index b = 0; b < k.batch(); ++b)
-      for (index s = 0; s < k.seq(); ++s)
-        for (index h = 0; h < k.heads(); ++h) detail::rotate_row_inplace(k.row(b, s, h), row.data(), rotary_dim_, il);
+    for (index_t b = 0; b < k.batch(); ++b)
+      for (index_t s = 0; s < k.seq(); ++s)
+        for (index_t h = 0; h < k.heads(); ++h) detail::rotate_row_inplace(k.row(b, s, h), row.data(), rotary_dim_, il);
   }
 
   /// cos/sin table for positions first .. first+count-1 (computed in double, stored as T).
   template <class T>
-  [[nodiscard]] rope_table<T> table(std::int64_t first, index count) const {
+  [[nodiscard]] rope_table<T> table(std::int64_t first, index_t count) const {
     require(count >= 0, "count", "must be >= 0", count);
     require(first <= std::numeric_limits<std::int64_t>::max() - count, "first", "first + count overflows int64",
             first, " + ", count);
@@ -217,7 +217,7 @@ class rope_frequencies {
   /// The attention kernel's Q/K transform: x = [tokens x head_dim] (strided rows) of one head, in
   /// place, token r at position pos[r]. Uses the call's table when bind() built one.
   template <class T>
-  void transform_qk(qk_role role, index head, std::span<const std::int64_t> pos, matrix_map<T> x) const {
+  void transform_qk(qk_role role, index_t head, std::span<const std::int64_t> pos, matrix_map<T> x) const {
     transform_qk(role, head, pos, const_matrix_map<T>(x.data(), x.rows(), x.cols(), Eigen::OuterStride<>(x.outerStride())),
                  x);
   }
@@ -225,17 +225,17 @@ class rope_frequencies {
   /// The same out of place: out = rotated in (the pass-through tail copied), in and out [tokens x
   /// head_dim] with their own row strides (in may be out).
   template <class T>
-  void transform_qk(qk_role role, index head, std::span<const std::int64_t> pos, const_matrix_map<T> in,
+  void transform_qk(qk_role role, index_t head, std::span<const std::int64_t> pos, const_matrix_map<T> in,
                     matrix_map<T> out) const {
     (void)role;  // q and k rotate alike
     (void)head;  // and every head alike
     require(in.cols() == head_dim_ && out.cols() == head_dim_, "x", "columns must equal head_dim", in.cols(),
             " and ", out.cols(), " vs ", head_dim_);
     require(in.rows() == out.rows(), "x", "in and out must have the same rows", in.rows(), " vs ", out.rows());
-    require(static_cast<index>(pos.size()) == in.rows(), "pos", "must have one position per row", pos.size(),
+    require(static_cast<index_t>(pos.size()) == in.rows(), "pos", "must have one position per row", pos.size(),
             " positions for ", in.rows(), " rows");
-    const index w = width();
-    constexpr index small = 1024;
+    const index_t w = width();
+    constexpr index_t small = 1024;
     std::array<T, small> stack;  // no zero fill: every use writes the row first
     std::vector<T> heap;
     T* row = stack.data();
@@ -250,9 +250,9 @@ class rope_frequencies {
     // attention the kernel's tiles push them out of L2 between uses (profile of L = 2048, 1 thread:
     // this function's share of the call went from 12.3 / 9.9 % to 9.5 / 8.9 % with them prefetched).
     // Into L1, since they are read 4 rows later (measurements at detail::prefetch_bytes_l1).
-    constexpr index ahead = 4;
-    const index row_bytes = head_dim_ * static_cast<index>(sizeof(T)), table_bytes = w * static_cast<index>(sizeof(T));
-    for (index r = 0; r < in.rows(); ++r) {
+    constexpr index_t ahead = 4;
+    const index_t row_bytes = head_dim_ * static_cast<index_t>(sizeof(T)), table_bytes = w * static_cast<index_t>(sizeof(T));
+    for (index_t r = 0; r < in.rows(); ++r) {
       if (r + ahead < in.rows()) {
         detail::prefetch_bytes_l1(in.data() + (r + ahead) * in.outerStride(), row_bytes);
         const std::int64_t pa = pos[static_cast<std::size_t>(r + ahead)];
@@ -273,28 +273,28 @@ class rope_frequencies {
   friend class rope;
 
   [[nodiscard]] bool interleaved() const { return layout_ == rope_layout::interleaved; }
-  [[nodiscard]] index pairs() const { return rotary_dim_ / 2; }
+  [[nodiscard]] index_t pairs() const { return rotary_dim_ / 2; }
   /// Values per position of a cos/sin row: rotary_dim in both layouts (detail/rope_kernels.hpp).
-  [[nodiscard]] index width() const { return rotary_dim_; }
+  [[nodiscard]] index_t width() const { return rotary_dim_; }
 
   /// Rows of positions first .. first+count-1 into out (count * width() values).
   template <class T>
-  void fill_rows(std::int64_t first, index count, T* out) const {
-    const index w = width(), h = pairs();
+  void fill_rows(std::int64_t first, index_t count, T* out) const {
+    const index_t w = width(), h = pairs();
     if (angles_ == rope_angles::exact) {
-      detail::angles_double_run(first, count, inv_freq_.data(), h, [&](index t, const double* c, const double* s) {
+      detail::angles_double_run(first, count, inv_freq_.data(), h, [&](index_t t, const double* c, const double* s) {
         detail::store_row(c, s, attention_factor_, h, interleaved(), out + t * w);
       });
     } else {
-      for (index t = 0; t < count; ++t) fill_row(first + t, out + t * w, attention_factor_);
+      for (index_t t = 0; t < count; ++t) fill_row(first + t, out + t * w, attention_factor_);
     }
   }
 
   /// The row (detail/rope_kernels.hpp) of one position, cos/sin multiplied by `scale`.
   template <class T>
   void fill_row(std::int64_t p, T* row, double scale) const {
-    const index h = pairs();
-    constexpr index small = 512;  // pairs kept on the stack; larger heads use the heap
+    const index_t h = pairs();
+    constexpr index_t small = 512;  // pairs kept on the stack; larger heads use the heap
     if (angles_ == rope_angles::exact) {
       std::array<T, 2 * small> stack;
       std::vector<T> heap(static_cast<std::size_t>(h > small ? 2 * h : 0));
@@ -341,7 +341,7 @@ class rope_frequencies {
     require(t.id_.rotary_dim == rotary_dim_ && t.id_.layout == layout_ && t.id_.angles == angles_ &&
                 t.id_.attention_factor == attention_factor_ && t.id_.inv_freq == inv_freq_,
             "table", "was built for other frequencies (rotary_dim, layout, angles, inv_freq or attention factor)");
-    for (index i = 0; i < pos.size(); ++i)
+    for (index_t i = 0; i < pos.size(); ++i)
       require(t.contains(pos.data()[i]), "table", "must cover every position", "position ", pos.data()[i],
               " outside [", t.first(), ", ", t.first() + t.count(), ")");
   }
@@ -352,8 +352,8 @@ class rope_frequencies {
     const bool inplace = in.data() == out.data() && in.order() == out.order();
     const bool il = interleaved();
     std::vector<T> scratch(static_cast<std::size_t>(table ? 0 : width()));
-    for (index b = 0; b < out.batch(); ++b) {
-      for (index s = 0; s < out.seq(); ++s) {
+    for (index_t b = 0; b < out.batch(); ++b) {
+      for (index_t s = 0; s < out.seq(); ++s) {
         const std::int64_t p = pos(b, s);
         const T* row;
         if (table) {
@@ -362,7 +362,7 @@ class rope_frequencies {
           fill_row(p, scratch.data(), attention_factor_);
           row = scratch.data();
         }
-        for (index h = 0; h < out.heads(); ++h) {
+        for (index_t h = 0; h < out.heads(); ++h) {
           if (inplace) detail::rotate_row_inplace(out.row(b, s, h), row, rotary_dim_, il);
           else detail::rotate_row_copy(in.row(b, s, h), out.row(b, s, h), row, rotary_dim_, head_dim_, il);
         }
@@ -370,7 +370,7 @@ class rope_frequencies {
     }
   }
 
-  index head_dim_, rotary_dim_;
+  index_t head_dim_, rotary_dim_;
   rope_layout layout_;
   rope_angles angles_;
   std::vector<double> inv_freq_;
@@ -398,8 +398,8 @@ class rope {
   }
 
   [[nodiscard]] const rope_config& config() const { return cfg_; }
-  [[nodiscard]] index head_dim() const { return cfg_.head_dim; }
-  [[nodiscard]] index rotary_dim() const { return params_.rotary_dim; }
+  [[nodiscard]] index_t head_dim() const { return cfg_.head_dim; }
+  [[nodiscard]] index_t rotary_dim() const { return params_.rotary_dim; }
   [[nodiscard]] rope_layout layout() const { return cfg_.layout; }
   [[nodiscard]] rope_angles angles() const { return cfg_.angles; }
   /// Whether inv_freq depends on the sequence length (dynamic, longrope).
@@ -474,7 +474,7 @@ class rope {
 
   /// cos/sin table for positions [first, first + count). seq_len: as inv_freq().
   template <class T>
-  [[nodiscard]] rope_table<T> table(std::int64_t first, index count,
+  [[nodiscard]] rope_table<T> table(std::int64_t first, index_t count,
                                     std::optional<std::int64_t> seq_len = std::nullopt) const {
     return at(default_len(seq_len)).template table<T>(first, count);
   }
@@ -500,7 +500,7 @@ class rope {
         // In the call's scalar type only (the angles are formed in double either way): a table in
         // the other type too would be one more allocation and pass over [span x rotary_dim] values
         // per call that the kernel never reads.
-        const auto count = static_cast<index>(span + 1);
+        const auto count = static_cast<index_t>(span + 1);
         if (info.scalar == scalar_type::float64)
           f.call_table_d_ = std::make_shared<const rope_table<double>>(f.table<double>(lo, count));
         else
@@ -512,21 +512,21 @@ class rope {
 
   /// Q/K transform without bind (config().seq_len, else unscaled frequencies).
   template <class T>
-  void transform_qk(qk_role role, index head, std::span<const std::int64_t> pos, matrix_map<T> x) const {
+  void transform_qk(qk_role role, index_t head, std::span<const std::int64_t> pos, matrix_map<T> x) const {
     at(default_len(std::nullopt)).transform_qk(role, head, pos, x);
   }
 
  private:
   static detail::rope_freq_params resolve_params(const rope_config& c) {
     require(c.head_dim > 0, "head_dim", "must be > 0", c.head_dim);
-    index rot = 0;
+    index_t rot = 0;
     if (c.rotary_dim) {
       rot = *c.rotary_dim;
     } else {
       require(std::isfinite(c.partial_rotary_factor) && c.partial_rotary_factor > 0 && c.partial_rotary_factor <= 1,
               "partial_rotary_factor", "must be in (0, 1]", c.partial_rotary_factor);
       // HF: int(head_dim * partial_rotary_factor), truncation of the double product.
-      rot = static_cast<index>(static_cast<double>(c.head_dim) * c.partial_rotary_factor);
+      rot = static_cast<index_t>(static_cast<double>(c.head_dim) * c.partial_rotary_factor);
     }
     require(rot > 0 && rot <= c.head_dim, "rotary_dim", "must be in [1, head_dim]", rot, ", head_dim ", c.head_dim);
     require(rot % 2 == 0, "rotary_dim", "must be even (features rotate in pairs)", rot);

@@ -82,12 +82,12 @@ namespace detail {
 
 /// Everything the frequency formulas need, resolved from a rope_config.
 struct rope_freq_params {
-  index rotary_dim = 0;  ///< d (even, > 0)
+  index_t rotary_dim = 0;  ///< d (even, > 0)
   double base = 10000.0;
   std::optional<std::int64_t> max_position_embeddings{};
   rope_scaling scaling{};
 
-  [[nodiscard]] index pairs() const { return rotary_dim / 2; }
+  [[nodiscard]] index_t pairs() const { return rotary_dim / 2; }
   /// `orig` of FORMAT.md 5.2: original_max_position_embeddings, else max_position_embeddings.
   [[nodiscard]] std::optional<std::int64_t> original() const {
     return scaling.original_max_position_embeddings ? scaling.original_max_position_embeddings
@@ -229,17 +229,17 @@ struct yarn_range {
 
 /// inv_freq in float64 for the current sequence length (ignored by types that do not use it).
 [[nodiscard]] inline std::vector<double> inv_freq(const rope_freq_params& p, std::int64_t seq_len) {
-  const index n = p.pairs();
+  const index_t n = p.pairs();
   const double d = static_cast<double>(p.rotary_dim);
   const rope_scaling& s = p.scaling;
-  const auto theta = [&](double base, index i) { return 1.0 / std::pow(base, static_cast<double>(2 * i) / d); };
+  const auto theta = [&](double base, index_t i) { return 1.0 / std::pow(base, static_cast<double>(2 * i) / d); };
   std::vector<double> f(static_cast<std::size_t>(n));
   switch (s.rope_type) {
     case rope_type::default_:
-      for (index i = 0; i < n; ++i) f[i] = theta(p.base, i);
+      for (index_t i = 0; i < n; ++i) f[i] = theta(p.base, i);
       break;
     case rope_type::linear:
-      for (index i = 0; i < n; ++i) f[i] = theta(p.base, i) / *s.factor;
+      for (index_t i = 0; i < n; ++i) f[i] = theta(p.base, i) / *s.factor;
       break;
     case rope_type::dynamic: {
       double base = p.base;
@@ -247,12 +247,12 @@ struct yarn_range {
         const double L = static_cast<double>(seq_len), mpe = static_cast<double>(*p.max_position_embeddings);
         base = p.base * std::pow(*s.factor * L / mpe - (*s.factor - 1.0), d / (d - 2.0));
       }
-      for (index i = 0; i < n; ++i) f[i] = theta(base, i);
+      for (index_t i = 0; i < n; ++i) f[i] = theta(base, i);
       break;
     }
     case rope_type::yarn: {
       const yarn_range r = yarn_correction_range(p);
-      for (index i = 0; i < n; ++i) {
+      for (index_t i = 0; i < n; ++i) {
         const double t = theta(p.base, i);
         const double ramp = std::clamp((static_cast<double>(i) - r.low) / (r.high - r.low), 0.0, 1.0);
         const double w = 1.0 - ramp;  // extrapolation weight: 1 for high frequencies (kept), 0 for low
@@ -262,14 +262,14 @@ struct yarn_range {
     }
     case rope_type::longrope: {
       const std::vector<double>& ext = beyond_limit(p, seq_len) ? s.long_factor : s.short_factor;
-      for (index i = 0; i < n; ++i) f[i] = 1.0 / (ext[i] * std::pow(p.base, static_cast<double>(2 * i) / d));
+      for (index_t i = 0; i < n; ++i) f[i] = 1.0 / (ext[i] * std::pow(p.base, static_cast<double>(2 * i) / d));
       break;
     }
     case rope_type::llama3: {
       const double orig = static_cast<double>(*p.original());
       const double lo = *s.low_freq_factor, hi = *s.high_freq_factor;
       const double low_wl = orig / lo, high_wl = orig / hi;
-      for (index i = 0; i < n; ++i) {
+      for (index_t i = 0; i < n; ++i) {
         const double t = theta(p.base, i);
         const double wl = 2.0 * std::numbers::pi / t;
         if (wl > low_wl) {
@@ -300,21 +300,21 @@ struct yarn_range {
 /// scaling arithmetic on float32 tensors with Python scalars rounded to float32. Used only by
 /// rope_angles::hf_float32 (checkpoint parity).
 [[nodiscard]] inline std::vector<float> inv_freq_hf_float32(const rope_freq_params& p, std::int64_t seq_len) {
-  const index n = p.pairs();
+  const index_t n = p.pairs();
   const float d = static_cast<float>(p.rotary_dim);
   const rope_scaling& s = p.scaling;
   // base ** (arange(0, dim, 2).float() / dim): one float32 division, one float32 pow.
-  const auto pos_freq = [&](double base, index i) {
+  const auto pos_freq = [&](double base, index_t i) {
     return std::pow(static_cast<float>(base), static_cast<float>(2 * i) / d);
   };
   std::vector<float> f(static_cast<std::size_t>(n));
   switch (s.rope_type) {
     case rope_type::default_:
-      for (index i = 0; i < n; ++i) f[i] = 1.0f / pos_freq(p.base, i);
+      for (index_t i = 0; i < n; ++i) f[i] = 1.0f / pos_freq(p.base, i);
       break;
     case rope_type::linear: {
       const float factor = static_cast<float>(*s.factor);
-      for (index i = 0; i < n; ++i) f[i] = (1.0f / pos_freq(p.base, i)) / factor;
+      for (index_t i = 0; i < n; ++i) f[i] = (1.0f / pos_freq(p.base, i)) / factor;
       break;
     }
     case rope_type::dynamic: {
@@ -327,14 +327,14 @@ struct yarn_range {
         const float ratio = (static_cast<float>(*s.factor) * L) / mpe - static_cast<float>(*s.factor - 1.0);
         base = base * std::pow(ratio, static_cast<float>(dd / (dd - 2.0)));
       }
-      for (index i = 0; i < n; ++i) f[i] = 1.0f / pos_freq(base, i);
+      for (index_t i = 0; i < n; ++i) f[i] = 1.0f / pos_freq(base, i);
       break;
     }
     case rope_type::yarn: {
       const yarn_range r = yarn_correction_range(p);  // Python floats
       const float factor = static_cast<float>(*s.factor);
       const float low = static_cast<float>(r.low), width = static_cast<float>(r.high - r.low);
-      for (index i = 0; i < n; ++i) {
+      for (index_t i = 0; i < n; ++i) {
         const float pf = pos_freq(p.base, i);
         const float extrapolation = 1.0f / pf;
         const float interpolation = 1.0f / (factor * pf);
@@ -346,7 +346,7 @@ struct yarn_range {
     }
     case rope_type::longrope: {
       const std::vector<double>& ext = beyond_limit(p, seq_len) ? s.long_factor : s.short_factor;
-      for (index i = 0; i < n; ++i) {
+      for (index_t i = 0; i < n; ++i) {
         const float denom = static_cast<float>(ext[i]) * pos_freq(p.base, i);
         f[i] = 1.0f / denom;
       }
@@ -360,7 +360,7 @@ struct yarn_range {
       const float high_wl = static_cast<float>(orig_d / *s.high_freq_factor);
       const float two_pi = static_cast<float>(2.0 * std::numbers::pi);
       const float hi_minus_lo = static_cast<float>(*s.high_freq_factor - *s.low_freq_factor);
-      for (index i = 0; i < n; ++i) {
+      for (index_t i = 0; i < n; ++i) {
         const float t = 1.0f / pos_freq(p.base, i);
         // torch's scalar / tensor is tensor.reciprocal() * scalar.
         const float wl = (1.0f / t) * two_pi;

@@ -31,7 +31,7 @@
 namespace posenc {
 
 struct sinusoidal_config {
-  index d_model = 0;
+  index_t d_model = 0;
   double base = 10000.0;
   sinusoid_layout layout = sinusoid_layout::interleaved;
   frequency_schedule schedule = frequency_schedule::vaswani;
@@ -43,14 +43,14 @@ class sinusoidal {
       : config_(config), w_(detail::sinusoid_frequencies(config.d_model, config.base, config.schedule)) {}
 
   [[nodiscard]] const sinusoidal_config& config() const { return config_; }
-  [[nodiscard]] index d_model() const { return config_.d_model; }
+  [[nodiscard]] index_t d_model() const { return config_.d_model; }
   /// The n = d_model/2 angular frequencies w_i.
   [[nodiscard]] std::span<const double> frequencies() const { return w_; }
 
   /// Write the row of one (real) position into out (size d_model).
   template <class T>
   void row(double position, std::span<T> out) const {
-    require(static_cast<index>(out.size()) == config_.d_model, "out", "must hold d_model values", out.size(),
+    require(static_cast<index_t>(out.size()) == config_.d_model, "out", "must hold d_model values", out.size(),
             " for d_model ", config_.d_model);
     require(std::isfinite(position), "position", "must be finite", position);
     detail::sinusoid_row<false>(position, w_, config_.layout, config_.d_model, out.data());
@@ -59,30 +59,30 @@ class sinusoidal {
   /// Fill out [N, d_model] with the rows of `positions` (N values, any finite reals).
   template <class T>
   void fill_table(std::span<const double> positions, tensor_map<T, 2> out) const {
-    require(out.dimension(0) == static_cast<index>(positions.size()) && out.dimension(1) == config_.d_model, "out",
+    require(out.dimension(0) == static_cast<index_t>(positions.size()) && out.dimension(1) == config_.d_model, "out",
             "must be [positions, d_model]", "[", out.dimension(0), ", ", out.dimension(1), "] for ", positions.size(),
             " positions, d_model ", config_.d_model);
     for (std::size_t p = 0; p < positions.size(); ++p)
       require(std::isfinite(positions[p]), "positions", "must be finite", positions[p], " at index ", p);
     for (std::size_t p = 0; p < positions.size(); ++p)
       detail::sinusoid_row<false>(positions[p], w_, config_.layout, config_.d_model,
-                                  out.data() + static_cast<index>(p) * config_.d_model);
+                                  out.data() + static_cast<index_t>(p) * config_.d_model);
   }
 
   /// The table [N, d_model] of `positions`.
   template <class T = double>
   [[nodiscard]] Eigen::Tensor<T, 2, Eigen::RowMajor> table(std::span<const double> positions) const {
-    Eigen::Tensor<T, 2, Eigen::RowMajor> t(static_cast<index>(positions.size()), config_.d_model);
+    Eigen::Tensor<T, 2, Eigen::RowMajor> t(static_cast<index_t>(positions.size()), config_.d_model);
     fill_table<T>(positions, tensor_map<T, 2>(t.data(), t.dimension(0), t.dimension(1)));
     return t;
   }
 
   /// The table [count, d_model] of positions first, first+1, ..., first+count-1.
   template <class T = double>
-  [[nodiscard]] Eigen::Tensor<T, 2, Eigen::RowMajor> table(index count, double first = 0.0) const {
+  [[nodiscard]] Eigen::Tensor<T, 2, Eigen::RowMajor> table(index_t count, double first = 0.0) const {
     require(count >= 0, "count", "must be >= 0", count);
     std::vector<double> p(static_cast<std::size_t>(count));
-    for (index i = 0; i < count; ++i) p[static_cast<std::size_t>(i)] = first + static_cast<double>(i);
+    for (index_t i = 0; i < count; ++i) p[static_cast<std::size_t>(i)] = first + static_cast<double>(i);
     return table<T>(p);
   }
 
@@ -91,7 +91,7 @@ class sinusoidal {
   template <class T>
   requires std::is_floating_point_v<T>
   void add_to(tensor_map<T, 3> x, positions_view pos) const {
-    const index B = x.dimension(0), S = x.dimension(1), D = x.dimension(2);
+    const index_t B = x.dimension(0), S = x.dimension(1), D = x.dimension(2);
     require(D == config_.d_model, "x", "last dimension must equal d_model", D, " vs ", config_.d_model);
     require((pos.dimension(0) == B || pos.dimension(0) == 1) && pos.dimension(1) == S, "pos",
             "must be [batch, seq] or [1, seq]", "[", pos.dimension(0), ", ", pos.dimension(1), "] for x [", B, ", ", S,
@@ -113,11 +113,11 @@ class sinusoidal {
     };
     // Token-major so one computed row serves every batch row at the same position (the usual
     // case: identical position rows); a differing position computes its own row exactly.
-    for (index s = 0; s < S; ++s) {
+    for (index_t s = 0; s < S; ++s) {
       const std::int64_t first = pos(0, s);
       make_row(first);
       bool have_first = true;
-      for (index b = 0; b < B; ++b) {
+      for (index_t b = 0; b < B; ++b) {
         const std::int64_t p = shared ? first : pos(b, s);
         if (p != first) {
           detail::sinusoid_row<false>(static_cast<double>(p), w_, config_.layout, D, pe.data());
@@ -127,7 +127,7 @@ class sinusoidal {
           have_first = true;
         }
         T* row = x.data() + (b * S + s) * D;
-        for (index d = 0; d < D; ++d) row[d] += pe[static_cast<std::size_t>(d)];
+        for (index_t d = 0; d < D; ++d) row[d] += pe[static_cast<std::size_t>(d)];
       }
     }
   }

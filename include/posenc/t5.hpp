@@ -33,14 +33,14 @@
 namespace posenc {
 
 struct t5_config {
-  index num_buckets = 32;    ///< HF relative_attention_num_buckets
-  index max_distance = 128;  ///< HF relative_attention_max_distance
+  index_t num_buckets = 32;    ///< HF relative_attention_num_buckets
+  index_t max_distance = 128;  ///< HF relative_attention_max_distance
   bool is_decoder = false;   ///< true: unidirectional buckets (pair it with attention_options::causal)
 };
 
 /// T5's bucket of r = key_position - query_position (HF _relative_position_bucket).
-[[nodiscard]] inline std::int32_t t5_relative_bucket(std::int64_t relative, index num_buckets = 32,
-                                                     index max_distance = 128, bool bidirectional = true) {
+[[nodiscard]] inline std::int32_t t5_relative_bucket(std::int64_t relative, index_t num_buckets = 32,
+                                                     index_t max_distance = 128, bool bidirectional = true) {
   return detail::t5_bucketizer(num_buckets, max_distance, bidirectional)(relative);
 }
 
@@ -63,25 +63,25 @@ class t5_relative_bias {
   }
 
   [[nodiscard]] const t5_config& config() const { return config_; }
-  [[nodiscard]] index num_buckets() const { return config_.num_buckets; }
-  [[nodiscard]] index heads() const { return table_.cols(); }
+  [[nodiscard]] index_t num_buckets() const { return config_.num_buckets; }
+  [[nodiscard]] index_t heads() const { return table_.cols(); }
   [[nodiscard]] const tensor_map<const W, 2>& table() const { return table_.view(); }
 
   /// Bucket of r = key_position - query_position.
   [[nodiscard]] std::int32_t bucket(std::int64_t relative) const { return buckets_(relative); }
   /// The bias of one (head, query position, key position).
-  [[nodiscard]] W bias(index head, std::int64_t q_pos, std::int64_t k_pos) const {
+  [[nodiscard]] W bias(index_t head, std::int64_t q_pos, std::int64_t k_pos) const {
     require(head >= 0 && head < heads(), "head", "must be in [0, heads)", head, " for ", heads(), " heads");
     return table_.row(bucket(k_pos - q_pos))[head];
   }
 
   /// T5 applies no 1/sqrt(d) to its logits.
-  [[nodiscard]] static double logit_scale(index /*head_dim*/) { return 1.0; }
+  [[nodiscard]] static double logit_scale(index_t /*head_dim*/) { return 1.0; }
 
   /// What the kernel's tiles see: the bias of every relative distance of one call, per head.
   class bound {
    public:
-    [[nodiscard]] static double logit_scale(index /*head_dim*/) { return 1.0; }
+    [[nodiscard]] static double logit_scale(index_t /*head_dim*/) { return 1.0; }
     /// Bucket of relative distance r (the precomputed one when r is in the call's range).
     [[nodiscard]] std::int32_t bucket(std::int64_t r) const {
       return table_mode_ && r >= r_min_ && r - r_min_ < span_ ? buckets_[static_cast<std::size_t>(r - r_min_)]
@@ -95,22 +95,22 @@ class t5_relative_bias {
     void add_position_bias(const tile<T>& t, matrix_map<T> s) const {
       if (t.rows == 0 || t.cols == 0) return;
       if (!table_mode_) {  // pathological position ranges: bucket per element
-        for (index i = 0; i < t.rows; ++i)
-          for (index j = 0; j < t.cols; ++j)
+        for (index_t i = 0; i < t.rows; ++i)
+          for (index_t j = 0; j < t.cols; ++j)
             s(i, j) += static_cast<T>(parent_->table_.row(parent_->bucket(t.k_pos[j] - t.q_pos[i]))[t.head]);
         return;
       }
       const T* hb = head_bias<T>(t.head);
       bool contiguous = true;  // keys k_pos[0], k_pos[0]+1, ...: each row adds one contiguous slice
-      for (index j = 1; j < t.cols && contiguous; ++j) contiguous = t.k_pos[j] == t.k_pos[0] + j;
-      for (index i = 0; i < t.rows; ++i) {
+      for (index_t j = 1; j < t.cols && contiguous; ++j) contiguous = t.k_pos[j] == t.k_pos[0] + j;
+      for (index_t i = 0; i < t.rows; ++i) {
         T* row = s.data() + i * s.outerStride();
         if (contiguous) {
           const T* src = hb + (t.k_pos[0] - t.q_pos[i] - r_min_);
-          for (index j = 0; j < t.cols; ++j) row[j] += src[j];
+          for (index_t j = 0; j < t.cols; ++j) row[j] += src[j];
         } else {
           const std::int64_t base = t.q_pos[i] + r_min_;
-          for (index j = 0; j < t.cols; ++j) row[j] += hb[t.k_pos[j] - base];
+          for (index_t j = 0; j < t.cols; ++j) row[j] += hb[t.k_pos[j] - base];
         }
       }
     }
@@ -118,7 +118,7 @@ class t5_relative_bias {
    private:
     friend class t5_relative_bias;
     template <class T>
-    [[nodiscard]] const T* head_bias(index h) const {
+    [[nodiscard]] const T* head_bias(index_t h) const {
       if constexpr (std::is_same_v<T, float>)
         return bias_f_.data() + h * span_;
       else
@@ -152,7 +152,7 @@ class t5_relative_bias {
     b.r_min_ = r_min;
     b.span_ = r_max - r_min + 1;
     const auto span = static_cast<std::size_t>(b.span_);
-    const index H = heads();
+    const index_t H = heads();
     b.buckets_.resize(span);
     b.bias_d_.resize(span * static_cast<std::size_t>(H));
     b.bias_f_.resize(span * static_cast<std::size_t>(H));
@@ -160,7 +160,7 @@ class t5_relative_bias {
       const std::int32_t k = buckets_(r_min + static_cast<std::int64_t>(r));
       b.buckets_[r] = k;
       const W* w = table_.row(k);
-      for (index h = 0; h < H; ++h) {
+      for (index_t h = 0; h < H; ++h) {
         b.bias_d_[static_cast<std::size_t>(h) * span + r] = static_cast<double>(w[h]);
         b.bias_f_[static_cast<std::size_t>(h) * span + r] = static_cast<float>(w[h]);
       }

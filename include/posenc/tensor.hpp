@@ -18,7 +18,7 @@
 
 namespace posenc {
 
-using index = Eigen::Index;
+using index_t = Eigen::Index;
 
 enum class layout {
   bshd,  ///< [batch, seq, heads, head_dim]
@@ -58,34 +58,34 @@ class heads_view {
       : data_(other.data()), batch_(other.batch()), seq_(other.seq()), heads_(other.heads()),
         dim_(other.dim()), order_(other.order()) {}
 
-  heads_view(T* data, index batch, index seq, index heads, index dim, layout order)
+  heads_view(T* data, index_t batch, index_t seq, index_t heads, index_t dim, layout order)
       : data_(data), batch_(batch), seq_(seq), heads_(heads), dim_(dim), order_(order) {
     require(batch >= 0 && seq >= 0 && heads >= 0 && dim >= 0, "heads_view", "dimensions must be >= 0");
     require(data != nullptr || batch * seq * heads * dim == 0, "heads_view", "data must not be null");
   }
 
   [[nodiscard]] T* data() const { return data_; }
-  [[nodiscard]] index batch() const { return batch_; }
-  [[nodiscard]] index seq() const { return seq_; }
-  [[nodiscard]] index heads() const { return heads_; }
-  [[nodiscard]] index dim() const { return dim_; }
+  [[nodiscard]] index_t batch() const { return batch_; }
+  [[nodiscard]] index_t seq() const { return seq_; }
+  [[nodiscard]] index_t heads() const { return heads_; }
+  [[nodiscard]] index_t dim() const { return dim_; }
   [[nodiscard]] layout order() const { return order_; }
-  [[nodiscard]] index size() const { return batch_ * seq_ * heads_ * dim_; }
+  [[nodiscard]] index_t size() const { return batch_ * seq_ * heads_ * dim_; }
 
   /// Distance in elements between token s and s+1 of the same (batch, head).
-  [[nodiscard]] index token_stride() const { return order_ == layout::bshd ? heads_ * dim_ : dim_; }
+  [[nodiscard]] index_t token_stride() const { return order_ == layout::bshd ? heads_ * dim_ : dim_; }
   /// Distance in elements between head h and h+1 of the same (batch, token).
-  [[nodiscard]] index head_stride() const { return order_ == layout::bshd ? dim_ : seq_ * dim_; }
-  [[nodiscard]] index batch_stride() const { return seq_ * heads_ * dim_; }
+  [[nodiscard]] index_t head_stride() const { return order_ == layout::bshd ? dim_ : seq_ * dim_; }
+  [[nodiscard]] index_t batch_stride() const { return seq_ * heads_ * dim_; }
 
   /// Pointer to the head_dim contiguous features of token s, head h of batch row b.
-  [[nodiscard]] T* row(index b, index s, index h) const {
+  [[nodiscard]] T* row(index_t b, index_t s, index_t h) const {
     return data_ + b * batch_stride() + s * token_stride() + h * head_stride();
   }
-  [[nodiscard]] T& operator()(index b, index s, index h, index d) const { return row(b, s, h)[d]; }
+  [[nodiscard]] T& operator()(index_t b, index_t s, index_t h, index_t d) const { return row(b, s, h)[d]; }
 
   /// The [seq x head_dim] matrix of one (batch, head), rows `first .. first+count-1`.
-  [[nodiscard]] matrix_type matrix(index b, index h, index first = 0, index count = -1) const {
+  [[nodiscard]] matrix_type matrix(index_t b, index_t h, index_t first = 0, index_t count = -1) const {
     if (count < 0) count = seq_ - first;
     return matrix_type(row(b, first, h), count, dim_, Eigen::OuterStride<>(token_stride()));
   }
@@ -97,23 +97,23 @@ class heads_view {
   }
 
  private:
-  heads_view(T* data, const Eigen::DSizes<index, 4>& d, layout order)
+  heads_view(T* data, const Eigen::DSizes<index_t, 4>& d, layout order)
       : heads_view(data, d[0], order == layout::bshd ? d[1] : d[2], order == layout::bshd ? d[2] : d[1], d[3],
                    order) {}
 
   T* data_;
-  index batch_, seq_, heads_, dim_;
+  index_t batch_, seq_, heads_, dim_;
   layout order_;
 };
 
 /// View a BSHD buffer [batch, seq, heads, head_dim].
 template <class T>
-[[nodiscard]] heads_view<T> bshd(T* data, index batch, index seq, index heads, index dim) {
+[[nodiscard]] heads_view<T> bshd(T* data, index_t batch, index_t seq, index_t heads, index_t dim) {
   return heads_view<T>(data, batch, seq, heads, dim, layout::bshd);
 }
 /// View a BHSD buffer [batch, heads, seq, head_dim] (dimensions given in memory order).
 template <class T>
-[[nodiscard]] heads_view<T> bhsd(T* data, index batch, index heads, index seq, index dim) {
+[[nodiscard]] heads_view<T> bhsd(T* data, index_t batch, index_t heads, index_t seq, index_t dim) {
   return heads_view<T>(data, batch, seq, heads, dim, layout::bhsd);
 }
 template <class T>

@@ -28,12 +28,12 @@ namespace posenc::detail {
 /// T5's bucket function with its float32 constants folded once.
 class t5_bucketizer {
  public:
-  t5_bucketizer(index num_buckets, index max_distance, bool bidirectional) : bidirectional_(bidirectional) {
+  t5_bucketizer(index_t num_buckets, index_t max_distance, bool bidirectional) : bidirectional_(bidirectional) {
     require(num_buckets >= (bidirectional ? 4 : 2), "num_buckets",
             bidirectional ? "must be >= 4 for bidirectional buckets (2 exact buckets per direction)"
                           : "must be >= 2 for unidirectional buckets",
             num_buckets);
-    require(num_buckets <= (index{1} << 30), "num_buckets", "must be <= 2^30", num_buckets);
+    require(num_buckets <= (index_t{1} << 30), "num_buckets", "must be <= 2^30", num_buckets);
     nb_ = bidirectional ? num_buckets / 2 : num_buckets;
     max_exact_ = nb_ / 2;
     // max_distance == max_exact would make the log denominator 0 and every large bucket +inf.

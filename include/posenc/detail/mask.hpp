@@ -14,23 +14,23 @@ namespace posenc::detail {
 
 /// Positions and key validity of a call, [batch, len] each, owned (O(L) per batch row).
 struct call_masks {
-  index batch = 0, q_len = 0, k_len = 0;
+  index_t batch = 0, q_len = 0, k_len = 0;
   bool causal = false;
   std::vector<std::int64_t> q_pos;     ///< [batch * q_len]
   std::vector<std::int64_t> k_pos;     ///< [batch * k_len]
   std::vector<unsigned char> k_valid;  ///< [batch * k_len], 1 = may be attended
   std::int64_t q_min = 0, q_max = -1, k_min = 0, k_max = -1;
 
-  [[nodiscard]] const std::int64_t* qp(index b) const { return q_pos.data() + b * q_len; }
-  [[nodiscard]] const std::int64_t* kp(index b) const { return k_pos.data() + b * k_len; }
-  [[nodiscard]] const unsigned char* kv(index b) const { return k_valid.data() + b * k_len; }
+  [[nodiscard]] const std::int64_t* qp(index_t b) const { return q_pos.data() + b * q_len; }
+  [[nodiscard]] const std::int64_t* kp(index_t b) const { return k_pos.data() + b * k_len; }
+  [[nodiscard]] const unsigned char* kv(index_t b) const { return k_valid.data() + b * k_len; }
   /// The single visibility rule (FORMAT.md section 3): valid key, and key position <= query position
   /// when causal.
-  [[nodiscard]] bool visible(index b, index i, index j) const {
+  [[nodiscard]] bool visible(index_t b, index_t i, index_t j) const {
     return kv(b)[j] != 0 && (!causal || kp(b)[j] <= qp(b)[i]);
   }
 
-  [[nodiscard]] call_info info(index heads, index kv_heads, index head_dim, index value_dim) const {
+  [[nodiscard]] call_info info(index_t heads, index_t kv_heads, index_t head_dim, index_t value_dim) const {
     call_info c;
     c.batch = batch;
     c.heads = heads;
@@ -50,7 +50,7 @@ struct call_masks {
 };
 
 /// Validate the mask/position options against the shapes and resolve them (throws posenc::error).
-inline call_masks resolve_masks(const attention_options& opt, index batch, index q_len, index k_len) {
+inline call_masks resolve_masks(const attention_options& opt, index_t batch, index_t q_len, index_t k_len) {
   if (opt.q_positions) {
     require(opt.q_positions->dimension(0) == batch && opt.q_positions->dimension(1) == q_len, "q_positions",
             "must be [batch, q_len]", "[", opt.q_positions->dimension(0), ", ", opt.q_positions->dimension(1),
@@ -67,7 +67,7 @@ inline call_masks resolve_masks(const attention_options& opt, index batch, index
             opt.key_padding_mask->dimension(1), "] for batch ", batch, ", k_len ", k_len);
   }
   if (!opt.kv_lengths.empty()) {
-    require(static_cast<index>(opt.kv_lengths.size()) == batch, "kv_lengths", "must have one entry per batch row",
+    require(static_cast<index_t>(opt.kv_lengths.size()) == batch, "kv_lengths", "must have one entry per batch row",
             opt.kv_lengths.size(), " entries for batch ", batch);
     for (std::size_t b = 0; b < opt.kv_lengths.size(); ++b)
       require(opt.kv_lengths[b] >= 0 && opt.kv_lengths[b] <= k_len, "kv_lengths", "entries must be in [0, k_len]",
@@ -82,10 +82,10 @@ inline call_masks resolve_masks(const attention_options& opt, index batch, index
   m.q_pos.resize(static_cast<std::size_t>(batch * q_len));
   m.k_pos.resize(static_cast<std::size_t>(batch * k_len));
   m.k_valid.assign(static_cast<std::size_t>(batch * k_len), 1);
-  for (index b = 0; b < batch; ++b) {
-    for (index i = 0; i < q_len; ++i)
+  for (index_t b = 0; b < batch; ++b) {
+    for (index_t i = 0; i < q_len; ++i)
       m.q_pos[b * q_len + i] = opt.q_positions ? (*opt.q_positions)(b, i) : opt.q_offset + i;
-    for (index j = 0; j < k_len; ++j) {
+    for (index_t j = 0; j < k_len; ++j) {
       m.k_pos[b * k_len + j] = opt.k_positions ? (*opt.k_positions)(b, j) : j;
       if (opt.key_padding_mask && (*opt.key_padding_mask)(b, j) != 0) m.k_valid[b * k_len + j] = 0;
       if (!opt.kv_lengths.empty() && j >= opt.kv_lengths[b]) m.k_valid[b * k_len + j] = 0;
@@ -121,6 +121,6 @@ void check_attention_shapes(const heads_view<const T>& q, const heads_view<const
 }
 
 /// GQA/MQA (HF repeat_kv): query head h reads kv head h / (heads / kv_heads).
-[[nodiscard]] inline index kv_head_of(index head, index heads, index kv_heads) { return head / (heads / kv_heads); }
+[[nodiscard]] inline index_t kv_head_of(index_t head, index_t heads, index_t kv_heads) { return head / (heads / kv_heads); }
 
 }  // namespace posenc::detail

@@ -36,7 +36,7 @@ struct online_softmax {
   /// 2 exp(flush_below): subtracted from every weight so that exp(flush_below) (within an ulp) is 0.
   static inline const T flush_weight = T(2) * std::exp(flush_below);
 
-  void reset(index rows) {
+  void reset(index_t rows) {
     m.setConstant(rows, -std::numeric_limits<T>::infinity());
     l.setZero(rows);
     alpha.setOnes(rows);
@@ -47,7 +47,7 @@ struct online_softmax {
   bool step(matrix_map<T> s) {
     constexpr T neg_inf = -std::numeric_limits<T>::infinity();
     bool rescale = false;
-    for (index i = 0; i < s.rows(); ++i) {
+    for (index_t i = 0; i < s.rows(); ++i) {
       auto row = s.row(i).array();
       const T m_new = std::max(m(i), row.maxCoeff());
       if (m_new == neg_inf) {  // nothing visible so far: weights 0, nothing to rescale
@@ -70,7 +70,7 @@ struct online_softmax {
   }
 
   /// Natural-log log-sum-exp of row i (-inf when the row saw no finite score).
-  [[nodiscard]] T lse(index i) const {
+  [[nodiscard]] T lse(index_t i) const {
     return l(i) > T(0) ? m(i) + std::log(l(i)) : -std::numeric_limits<T>::infinity();
   }
 };

@@ -20,15 +20,15 @@ namespace posenc::detail {
 /// One prefetch instruction per 64-byte line of [p, p + bytes); Write and Locality as
 /// __builtin_prefetch takes them (compile-time constants).
 template <int Write, int Locality>
-inline void prefetch_lines(const void* p, index bytes) {
-  constexpr index line = 64;
+inline void prefetch_lines(const void* p, index_t bytes) {
+  constexpr index_t line = 64;
   const char* c = static_cast<const char*>(p);
-  for (index o = 0; o < bytes; o += line) __builtin_prefetch(c + o, Write, Locality);
+  for (index_t o = 0; o < bytes; o += line) __builtin_prefetch(c + o, Write, Locality);
 }
 
 /// Prefetches [p, p + bytes) into L2 (for_write: with intent to write, so that the later stores do
 /// not wait for the line).
-inline void prefetch_bytes(const void* p, index bytes, bool for_write) {
+inline void prefetch_bytes(const void* p, index_t bytes, bool for_write) {
   if (for_write) prefetch_lines<1, 2>(p, bytes);
   else prefetch_lines<0, 2>(p, bytes);
 }
@@ -38,20 +38,20 @@ inline void prefetch_bytes(const void* p, index bytes, bool for_write) {
 /// with the pair driver (RoPE over no encoding in attention, L = 1024, causal, 1 thread, three runs
 /// each, alternating): input and table rows into L2 3.5 / 3.6 / 2.9 %, table rows into L1 3.1 / 2.6 /
 /// 3.2 %, both into L1 3.3 / 2.2 / 2.3 %.
-inline void prefetch_bytes_l1(const void* p, index bytes) { prefetch_lines<0, 3>(p, bytes); }
+inline void prefetch_bytes_l1(const void* p, index_t bytes) { prefetch_lines<0, 3>(p, bytes); }
 
 /// Prefetches every row of a strided row-major matrix map.
 template <class M>
 void prefetch_rows(const M& m, bool for_write) {
-  const index bytes = m.cols() * static_cast<index>(sizeof(typename M::Scalar));
-  for (index r = 0; r < m.rows(); ++r) prefetch_bytes(m.data() + r * m.outerStride(), bytes, for_write);
+  const index_t bytes = m.cols() * static_cast<index_t>(sizeof(typename M::Scalar));
+  for (index_t r = 0; r < m.rows(); ++r) prefetch_bytes(m.data() + r * m.outerStride(), bytes, for_write);
 }
 
 /// Copies `bytes` from src to dst with non-temporal stores where the target has them (and both are
 /// aligned to the vector width, else a plain copy): the copy goes to memory without displacing the
 /// writer's cache.
-inline void stream_copy(void* dst, const void* src, index bytes) {
-  index done = 0;
+inline void stream_copy(void* dst, const void* src, index_t bytes) {
+  index_t done = 0;
   [[maybe_unused]] const auto aligned = [&](std::uintptr_t a) {
     return ((reinterpret_cast<std::uintptr_t>(dst) | reinterpret_cast<std::uintptr_t>(src)) % a) == 0;
   };

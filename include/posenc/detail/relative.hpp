@@ -22,25 +22,25 @@ namespace posenc::detail {
 
 /// Inclusive range of bucket indices a tile can produce.
 struct bucket_range {
-  index lo = 0, hi = -1;
-  [[nodiscard]] index count() const { return hi >= lo ? hi - lo + 1 : 0; }
+  index_t lo = 0, hi = -1;
+  [[nodiscard]] index_t count() const { return hi >= lo ? hi - lo + 1 : 0; }
 };
 
 /// The buckets clip(k_pos - q_pos, -max_distance, max_distance) + max_distance that a tile with
 /// these positions can produce (Shaw's clipped relative distance, offset to a 0-based row).
-[[nodiscard]] inline bucket_range clipped_relative_range(const std::int64_t* q_pos, index rows,
-                                                         const std::int64_t* k_pos, index cols,
+[[nodiscard]] inline bucket_range clipped_relative_range(const std::int64_t* q_pos, index_t rows,
+                                                         const std::int64_t* k_pos, index_t cols,
                                                          std::int64_t max_distance) {
   if (rows == 0 || cols == 0) return {};
   const auto [qmin, qmax] = std::minmax_element(q_pos, q_pos + rows);
   const auto [kmin, kmax] = std::minmax_element(k_pos, k_pos + cols);
   auto clip = [&](std::int64_t r) { return std::clamp(r, -max_distance, max_distance) + max_distance; };
-  return {static_cast<index>(clip(*kmin - *qmax)), static_cast<index>(clip(*kmax - *qmin))};
+  return {static_cast<index_t>(clip(*kmin - *qmax)), static_cast<index_t>(clip(*kmax - *qmin))};
 }
 
 /// Clipped relative bucket of one pair (same formula as clipped_relative_range).
-[[nodiscard]] inline index clipped_relative_bucket(std::int64_t q_pos, std::int64_t k_pos, std::int64_t max_distance) {
-  return static_cast<index>(std::clamp(k_pos - q_pos, -max_distance, max_distance) + max_distance);
+[[nodiscard]] inline index_t clipped_relative_bucket(std::int64_t q_pos, std::int64_t k_pos, std::int64_t max_distance) {
+  return static_cast<index_t>(std::clamp(k_pos - q_pos, -max_distance, max_distance) + max_distance);
 }
 
 /// prod = x * table.middleRows(range)^T: the products of every tile row with just the table rows
@@ -57,16 +57,16 @@ void relative_products(const X& x, const Table& table, bucket_range range,
 template <class T, class Bucket>
 void gather_add_by_row(const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>& prod,
                        bucket_range range, Bucket&& bucket, T scale, matrix_map<T> s) {
-  for (index i = 0; i < s.rows(); ++i)
-    for (index j = 0; j < s.cols(); ++j) s(i, j) += scale * prod(i, bucket(i, j) - range.lo);
+  for (index_t i = 0; i < s.rows(); ++i)
+    for (index_t j = 0; j < s.cols(); ++j) s(i, j) += scale * prod(i, bucket(i, j) - range.lo);
 }
 
 /// Key-side gather: s(i, j) += scale * prod(j, bucket(i, j) - range.lo).
 template <class T, class Bucket>
 void gather_add_by_col(const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>& prod,
                        bucket_range range, Bucket&& bucket, T scale, matrix_map<T> s) {
-  for (index i = 0; i < s.rows(); ++i)
-    for (index j = 0; j < s.cols(); ++j) s(i, j) += scale * prod(j, bucket(i, j) - range.lo);
+  for (index_t i = 0; i < s.rows(); ++i)
+    for (index_t j = 0; j < s.cols(); ++j) s(i, j) += scale * prod(j, bucket(i, j) - range.lo);
 }
 
 }  // namespace posenc::detail

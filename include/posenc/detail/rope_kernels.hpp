@@ -38,14 +38,14 @@ namespace posenc::detail {
 /// Write one row from cos/sin values of the h pairs, times `scale` (the attention factor, or 1 when the
 /// values already carry it).
 template <class T, class Src>
-inline void store_row(const Src* c, const Src* s, Src scale, index h, bool interleaved, T* row) {
+inline void store_row(const Src* c, const Src* s, Src scale, index_t h, bool interleaved, T* row) {
   if (!interleaved) {
-    for (index k = 0; k < h; ++k) {
+    for (index_t k = 0; k < h; ++k) {
       row[k] = static_cast<T>(c[k] * scale);
       row[h + k] = static_cast<T>(s[k] * scale);
     }
   } else {
-    for (index k = 0; k < h; ++k) {
+    for (index_t k = 0; k < h; ++k) {
       row[2 * k] = static_cast<T>(c[k] * scale);
       row[2 * k + 1] = static_cast<T>(s[k] * scale);
     }
@@ -57,8 +57,8 @@ inline void store_row(const Src* c, const Src* s, Src scale, index h, bool inter
 /// T = float it is first reduced mod 2 pi in double and then the float cos/sin run on |r| <= pi, so the
 /// only float error is the final rounding (~6e-8) at any position.
 template <class T>
-inline void angles_exact(double position, const double* inv_freq, double scale, index h, T* c, T* s) {
-  for (index k = 0; k < h; ++k) {
+inline void angles_exact(double position, const double* inv_freq, double scale, index_t h, T* c, T* s) {
+  for (index_t k = 0; k < h; ++k) {
     const double a = position * inv_freq[k];
     if constexpr (std::is_same_v<T, double>) {
       c[k] = std::cos(a) * scale;
@@ -78,26 +78,26 @@ inline void angles_exact(double position, const double* inv_freq, double scale, 
 /// a loop over the pairs that vectorizes. Each step adds ~2 ulp, so values stay within ~1e-14 of
 /// cos/sin(position * inv_freq). emit(t, c, s) receives the h values of position first + t.
 template <class Emit>
-inline void angles_double_run(std::int64_t first, index count, const double* inv_freq, index h, Emit&& emit) {
-  constexpr index anchor = 32;
+inline void angles_double_run(std::int64_t first, index_t count, const double* inv_freq, index_t h, Emit&& emit) {
+  constexpr index_t anchor = 32;
   std::vector<double> buf(static_cast<std::size_t>(4 * h));
   double* __restrict c = buf.data();
   double* __restrict s = c + h;
   double* __restrict c1 = s + h;
   double* __restrict s1 = c1 + h;
-  for (index k = 0; k < h; ++k) {
+  for (index_t k = 0; k < h; ++k) {
     c1[k] = std::cos(inv_freq[k]);
     s1[k] = std::sin(inv_freq[k]);
   }
-  for (index t = 0; t < count; ++t) {
+  for (index_t t = 0; t < count; ++t) {
     if (t % anchor == 0) {
       const double p = static_cast<double>(first + t);
-      for (index k = 0; k < h; ++k) {
+      for (index_t k = 0; k < h; ++k) {
         c[k] = std::cos(p * inv_freq[k]);
         s[k] = std::sin(p * inv_freq[k]);
       }
     } else {
-      for (index k = 0; k < h; ++k) {
+      for (index_t k = 0; k < h; ++k) {
         const double cn = c[k] * c1[k] - s[k] * s1[k];
         s[k] = s[k] * c1[k] + c[k] * s1[k];
         c[k] = cn;
@@ -109,10 +109,10 @@ inline void angles_double_run(std::int64_t first, index count, const double* inv
 
 /// Hugging Face's float32 path (rope_angles::hf_float32): angle = float32(position) * inv_freq rounded to
 /// float32 once, float32 cos/sin, then `* attention_scaling` in float32.
-inline void angles_hf_float32(std::int64_t position, const float* inv_freq, double scale, index h, float* c, float* s) {
+inline void angles_hf_float32(std::int64_t position, const float* inv_freq, double scale, index_t h, float* c, float* s) {
   const float p = static_cast<float>(position);
   const float sc = static_cast<float>(scale);
-  for (index k = 0; k < h; ++k) {
+  for (index_t k = 0; k < h; ++k) {
     const float a = p * inv_freq[k];
     c[k] = std::cos(a) * sc;
     s[k] = std::sin(a) * sc;
@@ -125,8 +125,8 @@ inline void angles_hf_float32(std::int64_t position, const float* inv_freq, doub
 /// Half layout, in place: pairs (k, k + h). lo/hi are disjoint halves, hence __restrict.
 template <class T>
 inline void rotate_half_inplace(T* __restrict lo, T* __restrict hi, const T* __restrict c, const T* __restrict s,
-                                index h) {
-  for (index k = 0; k < h; ++k) {
+                                index_t h) {
+  for (index_t k = 0; k < h; ++k) {
     const T x1 = lo[k], x2 = hi[k];
     lo[k] = x1 * c[k] - x2 * s[k];
     hi[k] = x2 * c[k] + x1 * s[k];
@@ -136,8 +136,8 @@ inline void rotate_half_inplace(T* __restrict lo, T* __restrict hi, const T* __r
 /// Half layout, out of place.
 template <class T>
 inline void rotate_half_copy(const T* __restrict in, T* __restrict out, const T* __restrict c,
-                             const T* __restrict s, index h) {
-  for (index k = 0; k < h; ++k) {
+                             const T* __restrict s, index_t h) {
+  for (index_t k = 0; k < h; ++k) {
     const T x1 = in[k], x2 = in[h + k];
     out[k] = x1 * c[k] - x2 * s[k];
     out[h + k] = x2 * c[k] + x1 * s[k];
@@ -176,12 +176,12 @@ struct pair_vector<double> {
 /// Interleaved layout: out = rotated in. out may be in (in place): each vector is loaded whole
 /// before it is stored, so in and out carry no __restrict.
 template <class T>
-inline void rotate_interleaved(const T* in, T* out, const T* __restrict cs, index h) {
-  const index n = 2 * h;
-  index j0 = 0;
+inline void rotate_interleaved(const T* in, T* out, const T* __restrict cs, index_t h) {
+  const index_t n = 2 * h;
+  index_t j0 = 0;
 #ifdef POSENC_ROPE_VECTOR_EXTENSIONS
   using V = typename pair_vector<T>::type;
-  constexpr index lanes = 8;
+  constexpr index_t lanes = 8;
   const V sign = {-1, 1, -1, 1, -1, 1, -1, 1};
   for (; j0 + lanes <= n; j0 += lanes) {
     V x, r;
@@ -205,19 +205,19 @@ inline void rotate_interleaved(const T* in, T* out, const T* __restrict cs, inde
 
 /// Rotate one head vector in place with a prepared row.
 template <class T>
-inline void rotate_row_inplace(T* x, const T* row, index rotary_dim, bool interleaved) {
-  const index h = rotary_dim / 2;
+inline void rotate_row_inplace(T* x, const T* row, index_t rotary_dim, bool interleaved) {
+  const index_t h = rotary_dim / 2;
   if (interleaved) rotate_interleaved(x, x, row, h);
   else rotate_half_inplace(x, x + h, row, row + h, h);
 }
 
 /// Rotate one head vector out of place (in and out must not overlap) and copy the pass-through tail.
 template <class T>
-inline void rotate_row_copy(const T* in, T* out, const T* row, index rotary_dim, index head_dim, bool interleaved) {
-  const index h = rotary_dim / 2;
+inline void rotate_row_copy(const T* in, T* out, const T* row, index_t rotary_dim, index_t head_dim, bool interleaved) {
+  const index_t h = rotary_dim / 2;
   if (interleaved) rotate_interleaved(in, out, row, h);
   else rotate_half_copy(in, out, row, row + h, h);
-  for (index j = rotary_dim; j < head_dim; ++j) out[j] = in[j];
+  for (index_t j = rotary_dim; j < head_dim; ++j) out[j] = in[j];
 }
 
 }  // namespace posenc::detail

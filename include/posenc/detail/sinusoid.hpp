@@ -42,13 +42,13 @@ enum class frequency_schedule {
 namespace detail {
 
 /// The n = d_model/2 angular frequencies of a sinusoid row (checked arguments).
-[[nodiscard]] inline std::vector<double> sinusoid_frequencies(index d_model, double base, frequency_schedule schedule) {
+[[nodiscard]] inline std::vector<double> sinusoid_frequencies(index_t d_model, double base, frequency_schedule schedule) {
   require(d_model > 0, "d_model", "must be > 0", d_model);
   require(std::isfinite(base) && base > 0.0, "base", "must be finite and > 0", base);
-  const index n = d_model / 2;
+  const index_t n = d_model / 2;
   std::vector<double> w(static_cast<std::size_t>(n));
   const double log_base = std::log(base);
-  for (index i = 0; i < n; ++i) {
+  for (index_t i = 0; i < n; ++i) {
     if (schedule == frequency_schedule::vaswani) {
       // base^(-2i/d): the exponent in double, as NumPy's/PyTorch's `base ** (arange(0, d, 2) / d)`.
       w[static_cast<std::size_t>(i)] = std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(d_model));
@@ -63,13 +63,13 @@ namespace detail {
 /// Write (or, with Accumulate, add) the row of `position` into out[0 .. d_model): the angle
 /// position * w_i in double, sin/cos in double, one rounding to T at the end.
 template <bool Accumulate, class T>
-void sinusoid_row(double position, std::span<const double> w, sinusoid_layout layout, index d_model, T* out) {
-  const index n = static_cast<index>(w.size());
-  for (index i = 0; i < n; ++i) {
+void sinusoid_row(double position, std::span<const double> w, sinusoid_layout layout, index_t d_model, T* out) {
+  const index_t n = static_cast<index_t>(w.size());
+  for (index_t i = 0; i < n; ++i) {
     const double a = position * w[static_cast<std::size_t>(i)];
     const T s = static_cast<T>(std::sin(a)), c = static_cast<T>(std::cos(a));
-    const index is = layout == sinusoid_layout::interleaved ? 2 * i : i;
-    const index ic = layout == sinusoid_layout::interleaved ? 2 * i + 1 : n + i;
+    const index_t is = layout == sinusoid_layout::interleaved ? 2 * i : i;
+    const index_t ic = layout == sinusoid_layout::interleaved ? 2 * i + 1 : n + i;
     if constexpr (Accumulate) {
       out[is] += s;
       out[ic] += c;
@@ -86,15 +86,15 @@ void sinusoid_row(double position, std::span<const double> w, sinusoid_layout la
 
 /// Write the row of the angles whose sines and cosines are sn[i], cs[i] (i < n) into out[0 .. d_model).
 template <class T>
-void sinusoid_row_from(const double* sn, const double* cs, index n, sinusoid_layout layout, index d_model, T* out) {
+void sinusoid_row_from(const double* sn, const double* cs, index_t n, sinusoid_layout layout, index_t d_model, T* out) {
   if (layout == sinusoid_layout::interleaved) {
-    for (index i = 0; i < n; ++i) {
+    for (index_t i = 0; i < n; ++i) {
       out[2 * i] = static_cast<T>(sn[i]);
       out[2 * i + 1] = static_cast<T>(cs[i]);
     }
   } else {
-    for (index i = 0; i < n; ++i) out[i] = static_cast<T>(sn[i]);
-    for (index i = 0; i < n; ++i) out[n + i] = static_cast<T>(cs[i]);
+    for (index_t i = 0; i < n; ++i) out[i] = static_cast<T>(sn[i]);
+    for (index_t i = 0; i < n; ++i) out[n + i] = static_cast<T>(cs[i]);
   }
   if (2 * n < d_model) out[d_model - 1] = T(0);
 }
@@ -109,7 +109,7 @@ class sinusoid_walker {
   static constexpr int anchor_every = 32;
 
   explicit sinusoid_walker(std::span<const double> w)
-      : w_(w), n_(static_cast<index>(w.size())), sn_(w.size()), cs_(w.size()), sw_(w.size()), cw_(w.size()) {
+      : w_(w), n_(static_cast<index_t>(w.size())), sn_(w.size()), cs_(w.size()), sw_(w.size()), cw_(w.size()) {
     for (std::size_t i = 0; i < w.size(); ++i) {
       sw_[i] = std::sin(w[i]);
       cw_[i] = std::cos(w[i]);
@@ -119,7 +119,7 @@ class sinusoid_walker {
   /// Move to `position` (exactly, or by one rotation when it follows the previous one).
   void go(std::int64_t position) {
     if (valid_ && position == position_ + 1 && steps_ < anchor_every) {
-      for (index i = 0; i < n_; ++i) {
+      for (index_t i = 0; i < n_; ++i) {
         const double s = sn_[i], c = cs_[i];
         sn_[i] = s * cw_[i] + c * sw_[i];
         cs_[i] = c * cw_[i] - s * sw_[i];
@@ -127,7 +127,7 @@ class sinusoid_walker {
       ++steps_;
     } else {
       const double p = static_cast<double>(position);
-      for (index i = 0; i < n_; ++i) {
+      for (index_t i = 0; i < n_; ++i) {
         sn_[i] = std::sin(p * w_[i]);
         cs_[i] = std::cos(p * w_[i]);
       }
@@ -138,13 +138,13 @@ class sinusoid_walker {
   }
 
   template <class T>
-  void write(sinusoid_layout layout, index d_model, T* out) const {
+  void write(sinusoid_layout layout, index_t d_model, T* out) const {
     sinusoid_row_from(sn_.data(), cs_.data(), n_, layout, d_model, out);
   }
 
  private:
   std::span<const double> w_;
-  index n_;
+  index_t n_;
   std::vector<double> sn_, cs_, sw_, cw_;
   std::int64_t position_ = 0;
   int steps_ = 0;

@@ -26,9 +26,9 @@ class table_storage {
         view_(owned_->data(), owned_->dimension(0), owned_->dimension(1)) {}
 
   [[nodiscard]] const tensor_map<const W, 2>& view() const { return view_; }
-  [[nodiscard]] index rows() const { return view_.dimension(0); }
-  [[nodiscard]] index cols() const { return view_.dimension(1); }
-  [[nodiscard]] const W* row(index r) const { return view_.data() + r * view_.dimension(1); }
+  [[nodiscard]] index_t rows() const { return view_.dimension(0); }
+  [[nodiscard]] index_t cols() const { return view_.dimension(1); }
+  [[nodiscard]] const W* row(index_t r) const { return view_.data() + r * view_.dimension(1); }
   [[nodiscard]] bool owns() const { return owned_ != nullptr; }
 
  private:

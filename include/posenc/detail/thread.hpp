@@ -63,24 +63,24 @@ class thread_scratch {
 /// calling thread. `body` must not throw, and its results must not depend on what an earlier call
 /// left in the scratch.
 template <class S, class Prepare, class Body>
-void for_each_item(Eigen::ThreadPoolInterface* pool, index items, Prepare prepare, Body body) {
+void for_each_item(Eigen::ThreadPoolInterface* pool, index_t items, Prepare prepare, Body body) {
   if (items <= 0) return;
-  const index threads = pool != nullptr ? static_cast<index>(pool->NumThreads()) : 1;
+  const index_t threads = pool != nullptr ? static_cast<index_t>(pool->NumThreads()) : 1;
   if (pool == nullptr || threads <= 1 || items == 1 || pool->CurrentThreadId() != -1) {
     thread_scratch<S> held;
     prepare(held.get());
-    for (index i = 0; i < items; ++i) body(i, held.get());
+    for (index_t i = 0; i < items; ++i) body(i, held.get());
     return;
   }
-  const index workers = std::min(threads, items);
-  std::atomic<index> next{0};
+  const index_t workers = std::min(threads, items);
+  std::atomic<index_t> next{0};
   Eigen::Barrier done(static_cast<unsigned int>(workers));
-  for (index w = 0; w < workers; ++w) {
+  for (index_t w = 0; w < workers; ++w) {
     pool->Schedule([&] {
       {
         thread_scratch<S> held;
         prepare(held.get());
-        for (index i = next.fetch_add(1, std::memory_order_relaxed); i < items;
+        for (index_t i = next.fetch_add(1, std::memory_order_relaxed); i < items;
              i = next.fetch_add(1, std::memory_order_relaxed))
           body(i, held.get());
       }

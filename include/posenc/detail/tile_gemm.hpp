@@ -33,31 +33,31 @@ namespace posenc::detail {
 template <class T>
 class tile_gemm {
   using traits = Eigen::internal::gebp_traits<T, T>;
-  using row_major_src = Eigen::internal::const_blas_data_mapper<T, index, Eigen::RowMajor>;
-  using col_major_src = Eigen::internal::const_blas_data_mapper<T, index, Eigen::ColMajor>;
-  using result = Eigen::internal::blas_data_mapper<T, index, Eigen::ColMajor, Eigen::Unaligned, 1>;
+  using row_major_src = Eigen::internal::const_blas_data_mapper<T, index_t, Eigen::RowMajor>;
+  using col_major_src = Eigen::internal::const_blas_data_mapper<T, index_t, Eigen::ColMajor>;
+  using result = Eigen::internal::blas_data_mapper<T, index_t, Eigen::ColMajor, Eigen::Unaligned, 1>;
 
  public:
   /// Rows of A per micro-panel: a packed A's row prefix is itself a packed A only at multiples of it.
-  static constexpr index a_panel = traits::mr;
+  static constexpr index_t a_panel = traits::mr;
   /// Rows after which an operand may be packed piecewise: packing rows [0, r) and [r, n) at offset
   /// r * depth gives the layout of packing all n rows at once, for pack_a and pack_b alike, when r is
   /// a multiple of this (whole micro-panels of A, mr rows, and of B, nr columns).
-  static constexpr index pack_step = std::lcm(static_cast<index>(traits::mr), static_cast<index>(traits::nr));
+  static constexpr index_t pack_step = std::lcm(static_cast<index_t>(traits::mr), static_cast<index_t>(traits::nr));
   /// Packed operands live in aligned buffers (the micro-kernel loads A with aligned packet loads).
   using buffer = Eigen::Matrix<T, Eigen::Dynamic, 1>;
 
   /// A = M, M row-major m x k with row stride ld (a K block: m keys x k = head_dim).
-  static void pack_a(T* dst, const T* m, index ld, index rows, index depth) {
-    Eigen::internal::gemm_pack_lhs<T, index, row_major_src, traits::mr, traits::LhsProgress,
+  static void pack_a(T* dst, const T* m, index_t ld, index_t rows, index_t depth) {
+    Eigen::internal::gemm_pack_lhs<T, index_t, row_major_src, traits::mr, traits::LhsProgress,
                                    typename traits::LhsPacket4Packing, Eigen::RowMajor>
         pack;
     pack(dst, row_major_src(m, ld), depth, rows);
   }
 
   /// A = M^T, M row-major k x m with row stride ld (a V block: k keys x m = value_dim).
-  static void pack_a_transposed(T* dst, const T* m, index ld, index rows, index depth) {
-    Eigen::internal::gemm_pack_lhs<T, index, col_major_src, traits::mr, traits::LhsProgress,
+  static void pack_a_transposed(T* dst, const T* m, index_t ld, index_t rows, index_t depth) {
+    Eigen::internal::gemm_pack_lhs<T, index_t, col_major_src, traits::mr, traits::LhsProgress,
                                    typename traits::LhsPacket4Packing, Eigen::ColMajor>
         pack;
     pack(dst, col_major_src(m, ld), depth, rows);
@@ -65,28 +65,28 @@ class tile_gemm {
 
   /// B = M^T, M row-major n x k with row stride ld (queries: n rows x k = head_dim; or P: n query
   /// rows x k keys).
-  static void pack_b(T* dst, const T* m, index ld, index cols, index depth) {
-    Eigen::internal::gemm_pack_rhs<T, index, col_major_src, traits::nr, Eigen::ColMajor> pack;
+  static void pack_b(T* dst, const T* m, index_t ld, index_t cols, index_t depth) {
+    Eigen::internal::gemm_pack_rhs<T, index_t, col_major_src, traits::nr, Eigen::ColMajor> pack;
     pack(dst, col_major_src(m, ld), depth, cols);
   }
 
   /// Column chunk of the products of an (m x k) by (k x n) shape, as Eigen's blocking chooses it,
   /// rounded to whole micro-panels of B.
-  [[nodiscard]] static index column_chunk(index rows, index depth, index cols) {
+  [[nodiscard]] static index_t column_chunk(index_t rows, index_t depth, index_t cols) {
     if (rows <= 0 || depth <= 0 || cols <= 0) return traits::nr;  // empty: nothing is multiplied
-    index k = depth, m = rows, n = cols;
-    Eigen::internal::computeProductBlockingSizes<T, T>(k, m, n, index{1});
-    return std::max<index>(traits::nr, n / traits::nr * traits::nr);
+    index_t k = depth, m = rows, n = cols;
+    Eigen::internal::computeProductBlockingSizes<T, T>(k, m, n, index_t{1});
+    return std::max<index_t>(traits::nr, n / traits::nr * traits::nr);
   }
 
   /// C += alpha A B over packed operands. a_stride: the depth A was packed with (>= depth; a packed
   /// A is reused with a shorter depth, i.e. fewer keys of a V block). chunk: column_chunk().
-  static void multiply(T* c, index ldc, const T* a, const T* b, index rows, index depth, index cols, T alpha,
-                       index a_stride, index chunk) {
-    Eigen::internal::gebp_kernel<T, T, index, result, traits::mr, traits::nr> gebp;
+  static void multiply(T* c, index_t ldc, const T* a, const T* b, index_t rows, index_t depth, index_t cols, T alpha,
+                       index_t a_stride, index_t chunk) {
+    Eigen::internal::gebp_kernel<T, T, index_t, result, traits::mr, traits::nr> gebp;
     const result res(c, ldc);
-    for (index j = 0; j < cols; j += chunk) {
-      const index n = std::min(chunk, cols - j);
+    for (index_t j = 0; j < cols; j += chunk) {
+      const index_t n = std::min(chunk, cols - j);
       gebp(res.getSubMapper(0, j), a, b + j * depth, rows, depth, n, alpha, a_stride, depth);
     }
   }

@@ -187,20 +187,20 @@ inline constexpr std::string_view supported_rope_types = "default, linear, dynam
   else
     r.partial_rotary_factor = get<double>(cfg, {"partial_rotary_factor", "rotary_pct"}).value_or(1.0);
 
-  if (auto h = get<index>(cfg, {"qk_rope_head_dim"}); h && detail::one_of(mt, {"deepseek_v2", "deepseek_v3"})) {
+  if (auto h = get<index_t>(cfg, {"qk_rope_head_dim"}); h && detail::one_of(mt, {"deepseek_v2", "deepseek_v3"})) {
     r.head_dim = *h;  // MLA: only the decoupled rope part of each head rotates
-  } else if (auto h2 = get<index>(cfg, {"head_dim"}); h2) {
+  } else if (auto h2 = get<index_t>(cfg, {"head_dim"}); h2) {
     r.head_dim = *h2;
   } else {
-    const auto hidden = detail::need<index>(cfg, {"hidden_size", "n_embd", "d_model"},
+    const auto hidden = detail::need<index_t>(cfg, {"hidden_size", "n_embd", "d_model"},
                                             "rope (head_dim, or hidden_size / num_attention_heads)");
-    const auto heads = detail::need<index>(cfg, {"num_attention_heads", "n_head", "n_heads"},
+    const auto heads = detail::need<index_t>(cfg, {"num_attention_heads", "n_head", "n_heads"},
                                            "rope (head_dim, or hidden_size / num_attention_heads)");
     require(heads > 0 && hidden % heads == 0, "hidden_size", "must be a multiple of num_attention_heads", hidden, " / ",
             heads);
     r.head_dim = hidden / heads;
   }
-  if (auto rd = get<index>(cfg, {"rotary_dim"}); rd && detail::one_of(mt, {"gptj", "codegen"})) r.rotary_dim = *rd;
+  if (auto rd = get<index_t>(cfg, {"rotary_dim"}); rd && detail::one_of(mt, {"gptj", "codegen"})) r.rotary_dim = *rd;
   r.layout = detail::one_of(mt, {"gptj", "codegen"}) ? rope_layout::interleaved : rope_layout::half;
   r.max_position_embeddings = get<std::int64_t>(cfg, {"max_position_embeddings", "n_positions"});
 
@@ -222,7 +222,7 @@ inline constexpr std::string_view supported_rope_types = "default, linear, dynam
   using detail::get;
   require(cfg.is_object(), "config", "must be a JSON object");
   alibi_config a;
-  a.heads = detail::need<index>(cfg, {"num_attention_heads", "n_head", "n_heads"}, "alibi");
+  a.heads = detail::need<index_t>(cfg, {"num_attention_heads", "n_head", "n_heads"}, "alibi");
   a.max_bias = 8.0;
   if (const detail::json* attn = detail::find_key(cfg, {"attn_config"}); attn && attn->is_object())
     a.max_bias = get<double>(*attn, {"alibi_bias_max"}).value_or(8.0);
@@ -237,16 +237,16 @@ inline constexpr std::string_view supported_rope_types = "default, linear, dynam
   using detail::get;
   require(cfg.is_object(), "config", "must be a JSON object");
   t5_config t;
-  t.num_buckets = get<index>(cfg, {"relative_attention_num_buckets"}).value_or(32);
-  t.max_distance = get<index>(cfg, {"relative_attention_max_distance"}).value_or(128);
+  t.num_buckets = get<index_t>(cfg, {"relative_attention_num_buckets"}).value_or(32);
+  t.max_distance = get<index_t>(cfg, {"relative_attention_max_distance"}).value_or(128);
   t.is_decoder = decoder ? *decoder : get<bool>(cfg, {"is_decoder"}).value_or(false);
   return t;
 }
 
 /// What a learned absolute table needs: its rows, its width and the row of position 0.
 struct learned_spec {
-  index max_positions = 0;  ///< rows of the embedding table
-  index d_model = 0;        ///< its width
+  index_t max_positions = 0;  ///< rows of the embedding table
+  index_t d_model = 0;        ///< its width
   learned_options options{};
 };
 
@@ -260,9 +260,9 @@ struct learned_spec {
   require(cfg.is_object(), "config", "must be a JSON object");
   const std::string mt = detail::model_type(cfg);
   learned_spec s;
-  const index n =
-      detail::need<index>(cfg, {"max_position_embeddings", "n_positions", "max_seq_len"}, "learned positions");
-  s.d_model = detail::need<index>(cfg, {"hidden_size", "n_embd", "d_model"}, "learned positions");
+  const index_t n =
+      detail::need<index_t>(cfg, {"max_position_embeddings", "n_positions", "max_seq_len"}, "learned positions");
+  s.d_model = detail::need<index_t>(cfg, {"hidden_size", "n_embd", "d_model"}, "learned positions");
   s.max_positions = n;
   if (detail::one_of(mt, {"opt", "bart", "mbart", "blenderbot", "blenderbot-small", "marian"})) {
     s.options.offset = 2;
@@ -293,7 +293,7 @@ template <class W>
   const t5_config t = t5_config_from_hf(cfg, decoder);
   require(weight.dimension(0) == t.num_buckets, "weight", "rows must equal relative_attention_num_buckets",
           weight.dimension(0), " vs ", t.num_buckets);
-  if (auto h = detail::get<index>(cfg, {"num_heads"}); h)
+  if (auto h = detail::get<index_t>(cfg, {"num_heads"}); h)
     require(weight.dimension(1) == *h, "weight", "columns must equal num_heads", weight.dimension(1), " vs ", *h);
   return t5_relative_bias<W>(weight, t);
 }
