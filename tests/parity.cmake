@@ -52,8 +52,9 @@ function(posenc_parity_must_fail name file regex)
 endfunction()
 
 # A kind posenc-run does not know must fail with a message naming it.
-posenc_parity_must_fail(unknown_kind_is_named ${CMAKE_CURRENT_SOURCE_DIR}/data/shaw_k8_bidirectional_right_padded.json
-                        "unknown kind 'shaw'")
+posenc_parity_must_fail(unknown_kind_is_named
+                        ${CMAKE_CURRENT_SOURCE_DIR}/data/parity_selftest/selftest_unknown_kind.json
+                        "unknown kind 'selftest_no_such_kind'")
 
 # posenc-run must be able to fail: the same tensors as alibi_8_heads_causal_prefill with an
 # impossible tolerance on `out` (tests/data/parity_selftest/) must be reported and exit 1.
