@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -17,8 +18,10 @@
 #include <numeric>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "golden.hpp"
@@ -1205,4 +1208,218 @@ TEST_CASE("attention: empty shapes", "[kernel]") {
   // no queries: nothing to do
   const auto vq0 = posenc::bshd<const double>(nullptr, 1, 0, 2, 4);
   posenc::attention<double>(vq0, vq, vq, posenc::bshd<double>(nullptr, 1, 0, 2, 4));
+}
+
+// ---- errors from hooks reach the caller ----------------------------------------------------------
+
+namespace {
+// A test exception type, so the tests can check that the caller gets the very exception a hook threw.
+struct hook_failure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+enum class failing_hook { bind, transform_qk, score_terms, position_bias, value_buckets };
+// Throws from one hook kind, for head 1 only (so other work items run, and may finish, first).
+template <failing_hook Hook>
+struct throwing_encoding {
+  std::shared_ptr<std::atomic<long>> calls = std::make_shared<std::atomic<long>>(0);
+  void fail(Index head) const {
+    ++*calls;
+    if (head == 1) throw hook_failure("hook failed on head 1");
+  }
+  const throwing_encoding& bind(const posenc::call_info&) const
+    requires(Hook == failing_hook::bind)
+  {
+    throw hook_failure("bind failed");
+  }
+  template <class T>
+  void transform_qk(posenc::qk_role role, Index head, std::span<const std::int64_t>, posenc::matrix_map<T>) const
+    requires(Hook == failing_hook::transform_qk)
+  {
+    if (role == posenc::qk_role::query) fail(head);
+  }
+  template <class T>
+  void add_score_terms(const posenc::tile<T>& t, T, posenc::matrix_map<T>) const
+    requires(Hook == failing_hook::score_terms)
+  {
+    fail(t.head);
+  }
+  template <class T>
+  void add_position_bias(const posenc::tile<T>& t, posenc::matrix_map<T>) const
+    requires(Hook == failing_hook::position_bias)
+  {
+    fail(t.head);
+  }
+  [[nodiscard]] Index value_bucket_count() const
+    requires(Hook == failing_hook::value_buckets)
+  {
+    return 1;
+  }
+  template <class T>
+  void value_buckets(const posenc::tile<T>& t, posenc::index_tile idx) const
+    requires(Hook == failing_hook::value_buckets)
+  {
+    idx.setZero();
+    fail(t.head);
+  }
+  template <class T>
+  [[nodiscard]] posenc::const_matrix_map<T> value_table(Index) const
+    requires(Hook == failing_hook::value_buckets)
+  {
+    static const std::vector<T> zeros(64, T(0));
+    return posenc::const_matrix_map<T>(zeros.data(), 1, 8, Eigen::OuterStride<>(8));
+  }
+};
+
+template <failing_hook Hook>
+void check_hook_failure_reaches_caller(Index threads) {
+  INFO("hook " << static_cast<int>(Hook) << ", threads " << threads);
+  // Many small work items, so that a pool runs several of them before and after the failing one.
+  config c{.B = 2, .Sq = 96, .Sk = 96, .H = 4, .Hkv = 2, .D = 8, .Dv = 8, .causal = true, .q_block = 16,
+           .k_block = 16};
+  const problem p(c);
+  const auto q = cast<float>(p.q), k = cast<float>(p.k), v = cast<float>(p.v);
+  std::vector<float> out(static_cast<std::size_t>(c.B * c.Sq * c.H * c.Dv), 7.f);
+  Eigen::ThreadPool pool(static_cast<int>(threads));
+  auto opt = p.options();
+  opt.pool = threads > 1 ? &pool : nullptr;
+  const throwing_encoding<Hook> enc;
+  auto call = [&] {
+    posenc::attention<float>(view<const float>(q.data(), c.B, c.Sq, c.H, c.D, c.order),
+                             view<const float>(k.data(), c.B, c.Sk, c.Hkv, c.D, c.order),
+                             view<const float>(v.data(), c.B, c.Sk, c.Hkv, c.Dv, c.order),
+                             view<float>(out.data(), c.B, c.Sq, c.H, c.Dv, c.order), enc, opt);
+  };
+  CHECK_THROWS_AS(call(), hook_failure);  // the hook's own type, on this thread, not std::terminate
+  CHECK_THROWS_WITH(call(), Catch::Contains("failed"));
+  // The kernel still works afterwards on every thread (per-thread scratch released, no stuck worker).
+  const result got = run_kernel<float>(p, posenc::no_position{}, opt.pool);
+  expect_close<float>(got.out, run_reference<float>(p, {}).out, "out after a failed call");
+}
+
+template <failing_hook Hook>
+void check_hook_failure_all_threads() {
+  for (Index threads : {1, 2, 8}) check_hook_failure_reaches_caller<Hook>(threads);
+}
+}  // namespace
+
+TEST_CASE("attention: an exception from any hook reaches the caller with 1, 2 and 8 threads", "[kernel][errors]") {
+  check_hook_failure_all_threads<failing_hook::bind>();
+  check_hook_failure_all_threads<failing_hook::transform_qk>();
+  check_hook_failure_all_threads<failing_hook::score_terms>();
+  check_hook_failure_all_threads<failing_hook::position_bias>();
+  check_hook_failure_all_threads<failing_hook::value_buckets>();
+}
+
+TEST_CASE("for_each_item: the first exception of a worker is rethrown on the calling thread", "[kernel][errors]") {
+  struct scratch {};
+  for (int threads : {2, 8}) {
+    Eigen::ThreadPool pool(threads);
+    std::atomic<long> ran{0};
+    // Every item after the failing one would take 1 ms: without the stop the call would take ~1 s.
+    CHECK_THROWS_AS(posenc::detail::for_each_item<scratch>(
+                        &pool, 1000, [](scratch&) {},
+                        [&](Index i, scratch&) {
+                          ++ran;
+                          if (i == 3) throw std::out_of_range("item 3");
+                          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                        }),
+                    std::out_of_range);
+    CHECK(ran.load() < 100);  // the others stopped taking items
+    CHECK_THROWS_AS(posenc::detail::for_each_item<scratch>(
+                        &pool, 4, [](scratch&) { throw std::length_error("prepare"); }, [](Index, scratch&) {}),
+                    std::length_error);
+  }
+}
+
+// ---- NaN and Inf: what PyTorch's softmax does --------------------------------------------------------
+
+namespace {
+// +inf position bias on one (query, key) pair of head 0, by positions.
+struct pos_inf_bias {
+  std::int64_t q_at = 0, k_at = 0;
+  template <class T>
+  void add_position_bias(const posenc::tile<T>& t, posenc::matrix_map<T> s) const {
+    if (t.head != 0) return;
+    for (Index i = 0; i < t.rows; ++i)
+      for (Index j = 0; j < t.cols; ++j)
+        if (t.q_pos[i] == q_at && t.k_pos[j] == k_at) s(i, j) = std::numeric_limits<T>::infinity();
+  }
+};
+
+// NaN where the reference has NaN (and only there), the values close elsewhere.
+template <class T>
+void expect_same_nan_pattern(const result& got, const result& want) {
+  auto nan_pattern = [](const std::vector<double>& x) {
+    std::vector<bool> n(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) n[i] = std::isnan(x[i]);
+    return n;
+  };
+  const auto got_out = nan_pattern(got.out), want_out = nan_pattern(want.out);
+  CHECK(std::count(want_out.begin(), want_out.end(), true) > 0);
+  CHECK(got_out == want_out);
+  CHECK(nan_pattern(got.lse) == nan_pattern(want.lse));
+  auto finite_part = [](std::vector<double> x) {
+    for (double& e : x)
+      if (std::isnan(e)) e = 0;
+    return x;
+  };
+  expect_close<T>(finite_part(got.out), finite_part(want.out), "out (non-NaN rows)");
+  expect_close<T>(finite_part(got.lse), finite_part(want.lse), "lse (non-NaN rows)");
+}
+
+template <class T, class E>
+void check_nan_case(const problem& p, const E& enc, const posenc::reference_terms<double>& terms) {
+  const result want = run_reference<T>(p, terms);
+  expect_same_nan_pattern<T>(run_kernel<T>(p, enc), want);
+  Eigen::ThreadPool pool(2);
+  expect_same_nan_pattern<T>(run_kernel<T>(p, enc, &pool), want);
+}
+}  // namespace
+
+TEST_CASE("attention: NaN and +inf scores give NaN rows, -inf masks, fully masked rows stay zero", "[kernel]") {
+  // Small tiles: the NaN arrives in a later key block than the row's first (the row is poisoned
+  // mid-way and stays NaN), and both packed and expression products are used.
+  const config base{.B = 2, .Sq = 40, .Sk = 40, .H = 4, .Hkv = 2, .D = 8, .Dv = 8, .causal = true,
+                    .pad = padding::mask, .q_block = 8, .k_block = 12};
+  auto at = [&](const problem& p, Index b, Index s, Index h, Index d, Index heads, Index dim) {
+    return static_cast<std::size_t>(((b * p.c.Sq + s) * heads + h) * dim + d);
+  };
+  SECTION("NaN in one query row: that row of that head only") {
+    problem p(base);
+    p.q[at(p, 0, 17, 3, 2, p.c.H, p.c.D)] = std::numeric_limits<double>::quiet_NaN();
+    check_nan_case<double>(p, posenc::no_position{}, {});
+    check_nan_case<float>(p, posenc::no_position{}, {});
+  }
+  SECTION("NaN in one key: every row that sees it, in both query heads of its kv head") {
+    problem p(base);
+    const Index j = 13;
+    p.pad_mask[static_cast<std::size_t>(j)] = 0;  // batch 0's key 13 is a real key
+    p.k[static_cast<std::size_t>((j * p.c.Hkv + 1) * p.c.D + 5)] = std::numeric_limits<double>::quiet_NaN();
+    check_nan_case<double>(p, posenc::no_position{}, {});
+    check_nan_case<float>(p, posenc::no_position{}, {});
+    // a padded key with NaN is never seen
+    p.pad_mask[static_cast<std::size_t>(j)] = 1;
+    const result got = run_kernel<double>(p, posenc::no_position{});
+    for (double x : got.out) CHECK(!std::isnan(x));
+  }
+  SECTION("+inf score: NaN row") {
+    problem p(base);
+    std::fill(p.pad_mask.begin(), p.pad_mask.end(), 0);
+    const pos_inf_bias enc{.q_at = 30, .k_at = 20};
+    posenc::reference_terms<double> terms;
+    terms.bias = [](Index, Index h, Index i, Index j) { return h == 0 && i == 30 && j == 20 ? inf : 0.0; };
+    check_nan_case<double>(p, enc, terms);
+    check_nan_case<float>(p, enc, terms);
+  }
+}
+
+TEST_CASE("merge: a NaN part gives a NaN row", "[kernel]") {
+  std::vector<double> a(4, 1.0), c(4, 2.0), o(4, 0.0);
+  std::vector<double> la{std::numeric_limits<double>::quiet_NaN(), -inf}, lb{0.0, std::numeric_limits<double>::quiet_NaN()},
+      lo(2, 0.0);
+  posenc::merge<double>(posenc::bshd<const double>(a.data(), 1, 2, 1, 2), posenc::tensor_map<const double, 3>(la.data(), 1, 1, 2),
+                        posenc::bshd<const double>(c.data(), 1, 2, 1, 2), posenc::tensor_map<const double, 3>(lb.data(), 1, 1, 2),
+                        posenc::bshd(o.data(), 1, 2, 1, 2), posenc::tensor_map<double, 3>(lo.data(), 1, 1, 2));
+  for (double x : o) CHECK(std::isnan(x));
+  for (double x : lo) CHECK(std::isnan(x));
 }

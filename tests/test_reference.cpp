@@ -125,6 +125,30 @@ TEST_CASE("reference: -inf bias on every visible key also gives a zero row", "[c
   CHECK(out[0] == 0.0);
 }
 
+TEST_CASE("reference: NaN or +inf among the visible scores gives a NaN row, as PyTorch's softmax", "[core][reference]") {
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  // one query, three keys with q.k = 1, NaN or +inf at key 1, and key 2 masked by causality
+  for (const double bad : {nan, inf}) {
+    const std::vector<double> q{1}, k{1, bad, 1}, v{5, 6, 7};
+    std::vector<double> out{0}, lse{0}, probs(3, 0.0);
+    posenc::attention_options opt;
+    opt.causal = true;
+    opt.q_offset = 1;  // sees keys 0 and 1
+    posenc::reference_attention<double>(posenc::bshd(q.data(), 1, 1, 1, 1), posenc::bshd(k.data(), 1, 3, 1, 1),
+                                        posenc::bshd(v.data(), 1, 3, 1, 1), posenc::bshd(out.data(), 1, 1, 1, 1), opt,
+                                        {}, posenc::tensor_map<double, 4>(probs.data(), 1, 1, 1, 3),
+                                        posenc::tensor_map<double, 3>(lse.data(), 1, 1, 1));
+    CHECK(std::isnan(out[0]));
+    CHECK(std::isnan(lse[0]));
+    for (double p : probs) CHECK(std::isnan(p));
+    // the same key masked: the row is finite (only key 0 is seen)
+    opt.q_offset = 0;
+    posenc::reference_attention<double>(posenc::bshd(q.data(), 1, 1, 1, 1), posenc::bshd(k.data(), 1, 3, 1, 1),
+                                        posenc::bshd(v.data(), 1, 3, 1, 1), posenc::bshd(out.data(), 1, 1, 1, 1), opt);
+    CHECK(out[0] == 5.0);
+  }
+}
+
 TEST_CASE("reference matches a brute-force loop on random inputs (GQA, causal, padding, offset, bias)",
           "[core][reference]") {
   struct cfg {

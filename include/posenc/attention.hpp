@@ -438,7 +438,6 @@ class fused_attention {
   }
 
   void run_item(index_t item, attention_scratch<T>& sc) {
-    constexpr T neg_inf = -std::numeric_limits<T>::infinity();
     const index_t grp = item / items_per_group_;
     const index_t chunk = items_per_group_ - 1 - item % items_per_group_;
     const index_t b = grp / kv_heads_, hk = grp % kv_heads_;
@@ -574,13 +573,10 @@ class fused_attention {
       }
       const online_softmax<T>& sm = st.softmax;
       auto dst = out_.matrix(b, u.head, u.q0, u.rows);
-      for (index_t r = 0; r < u.rows; ++r) {
-        if (sm.l(r) > T(0)) dst.row(r) = acc.row(r) * (T(1) / sm.l(r));
-        else dst.row(r).setZero();  // the row sees no key
-      }
+      for (index_t r = 0; r < u.rows; ++r) sm.finish_row(r, dst.row(r), acc.row(r));
       if (lse_ != nullptr) {
         T* row_lse = lse_ + (b * heads_ + u.head) * q_len_ + u.q0;
-        for (index_t r = 0; r < u.rows; ++r) row_lse[r] = sm.l(r) > T(0) ? sm.lse(r) : neg_inf;
+        for (index_t r = 0; r < u.rows; ++r) row_lse[r] = sm.lse(r);
       }
     }
   }
@@ -642,7 +638,7 @@ class fused_attention {
           // table is an encoding bug, reported after the call (a worker thread cannot throw). It is
           // the one error detected after writing: `out` is then unspecified.
           if (c < 0 || c >= buckets_) {
-            if (s(i, j) != T(0)) bad_bucket_.store(true);
+            if (s(i, j) > T(0)) bad_bucket_.store(true);
             continue;
           }
           acc_buckets(i, c) += s(i, j);
@@ -772,10 +768,15 @@ void merge(heads_view<const T> out_a, tensor_map<const T, 3> lse_a, heads_view<c
     for (index_t h = 0; h < H; ++h)
       for (index_t s = 0; s < S; ++s) {
         const T la = lse_a(b, h, s), lb = lse_b(b, h, s);
-        const T m = std::max(la, lb);
         const T* a = out_a.row(b, s, h);
         const T* c = out_b.row(b, s, h);
         T* o = out.row(b, s, h);
+        if (std::isnan(la) || std::isnan(lb)) {  // a poisoned part (NaN or +inf score) poisons the row
+          for (index_t d = 0; d < D; ++d) o[d] = std::numeric_limits<T>::quiet_NaN();
+          lse(b, h, s) = std::numeric_limits<T>::quiet_NaN();
+          continue;
+        }
+        const T m = std::max(la, lb);
         if (m == neg_inf) {  // neither part sees a key
           for (index_t d = 0; d < D; ++d) o[d] = T(0);
           lse(b, h, s) = neg_inf;

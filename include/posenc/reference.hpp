@@ -64,6 +64,7 @@ void reference_attention(heads_view<const T> q, heads_view<const T> k, heads_vie
       const index_t hk = detail::kv_head_of(h, H, Hkv);
       for (index_t i = 0; i < Sq; ++i) {
         T mx = neg_inf;
+        bool poisoned = false;  // a visible NaN or +inf score makes the row NaN, as in PyTorch's softmax
         for (index_t j = 0; j < Sk; ++j) {
           vis[j] = m.visible(b, i, j) ? 1 : 0;
           T dot = 0;
@@ -72,6 +73,14 @@ void reference_attention(heads_view<const T> q, heads_view<const T> k, heads_vie
           s[j] = static_cast<T>(scale) * dot;
           if (terms.bias) s[j] += terms.bias(b, h, i, j);
           if (vis[j] && s[j] > mx) mx = s[j];
+          if (vis[j] && (std::isnan(s[j]) || s[j] == -neg_inf)) poisoned = true;
+        }
+        if (poisoned) {
+          for (index_t d = 0; d < Dv; ++d) out(b, i, h, d) = std::numeric_limits<T>::quiet_NaN();
+          if (probs)
+            for (index_t j = 0; j < Sk; ++j) (*probs)(b, h, i, j) = std::numeric_limits<T>::quiet_NaN();
+          if (lse) (*lse)(b, h, i) = std::numeric_limits<T>::quiet_NaN();
+          continue;
         }
         T sum = 0;
         for (index_t j = 0; j < Sk; ++j) {

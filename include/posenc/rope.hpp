@@ -212,7 +212,15 @@ class rope_frequencies {
                          std::move(data));
   }
 
-  // ---- kernel hook -----------------------------------------------------------------------------
+  // ---- kernel hooks ----------------------------------------------------------------------------
+
+  /// Checks the call against these frequencies before the kernel writes anything (the transforms
+  /// run on pool threads, where a failed check could not reach the caller with `out` untouched).
+  [[nodiscard]] const rope_frequencies& bind(const call_info& info) const {
+    require(info.head_dim == head_dim_, "rope", "head_dim must equal the call's q/k head_dim", head_dim_, " vs ",
+            info.head_dim);
+    return *this;
+  }
 
   /// The attention kernel's Q/K transform: x = [tokens x head_dim] (strided rows) of one head, in
   /// place, token r at position pos[r]. Uses the call's table when bind() built one.
@@ -488,6 +496,7 @@ class rope {
   [[nodiscard]] rope_frequencies bind(const call_info& info) const {
     const std::int64_t L = cfg_.seq_len ? *cfg_.seq_len : std::max<std::int64_t>(info.q_max + 1, 0);
     rope_frequencies f = at(L);
+    (void)f.bind(info);  // the call's head_dim, before any table is built
     const bool has_q = info.q_max >= info.q_min, has_k = info.k_max >= info.k_min;
     if (has_q || has_k) {
       const std::int64_t lo = std::min(has_q ? info.q_min : info.k_min, has_k ? info.k_min : info.q_min);

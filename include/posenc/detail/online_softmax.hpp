@@ -8,6 +8,12 @@
 // A row that has seen only -inf scores (masked keys, -inf biases) keeps m = -inf and l = 0 and never
 // evaluates exp(-inf - -inf) = NaN.
 //
+// NaN and +inf follow PyTorch's softmax: a row with a visible NaN or +inf score is NaN (its max is
+// NaN or +inf, and exp(s - max) is NaN for that entry), and a -inf score is a masked key. Such a row
+// is "poisoned": its weights, l, m and alpha become NaN, so the output row and the log-sum-exp are
+// NaN however many blocks follow. Without this, the flush below (max(s - m, c) with a NaN operand)
+// silently made the row all zeros, indistinguishable from a row that sees no key.
+//
 // Weights below eps^4 of the row maximum (eps = machine epsilon: 2e-28 in float, 2.4e-63 in double)
 // are flushed to zero (flush_below): no number of them can change a row sum that holds the maximum's
 // weight 1, but they, and their products with V, are subnormal or close to it, and subnormal
@@ -46,10 +52,19 @@ struct online_softmax {
   /// m, l and alpha. Returns whether some alpha differs from 1 (the accumulators need rescaling).
   bool step(matrix_map<T> s) {
     constexpr T neg_inf = -std::numeric_limits<T>::infinity();
+    constexpr T pos_inf = std::numeric_limits<T>::infinity();
+    constexpr T nan = std::numeric_limits<T>::quiet_NaN();
     bool rescale = false;
     for (index_t i = 0; i < s.rows(); ++i) {
       auto row = s.row(i).array();
-      const T m_new = std::max(m(i), row.maxCoeff());
+      const T row_max = row.template maxCoeff<Eigen::PropagateNaN>();
+      if (std::isnan(m(i)) || std::isnan(row_max) || row_max == pos_inf) {  // poisoned (header comment)
+        row.setConstant(nan);
+        m(i) = l(i) = alpha(i) = nan;
+        rescale = true;
+        continue;
+      }
+      const T m_new = std::max(m(i), row_max);
       if (m_new == neg_inf) {  // nothing visible so far: weights 0, nothing to rescale
         row.setZero();
         alpha(i) = T(1);
@@ -69,9 +84,18 @@ struct online_softmax {
     return rescale;
   }
 
-  /// Natural-log log-sum-exp of row i (-inf when the row saw no finite score).
+  /// Natural-log log-sum-exp of row i (-inf when the row saw no finite score, NaN when poisoned).
   [[nodiscard]] T lse(index_t i) const {
-    return l(i) > T(0) ? m(i) + std::log(l(i)) : -std::numeric_limits<T>::infinity();
+    if (l(i) > T(0)) return m(i) + std::log(l(i));
+    return std::isnan(l(i)) ? l(i) : -std::numeric_limits<T>::infinity();
+  }
+
+  /// Writes row i of the result, acc / l: zeros when the row saw no key, NaN when it is poisoned.
+  template <class Dst, class Acc>
+  void finish_row(index_t i, Dst&& dst, const Acc& acc) const {
+    if (l(i) > T(0)) dst = acc * (T(1) / l(i));
+    else if (std::isnan(l(i))) dst.setConstant(l(i));
+    else dst.setZero();  // the row sees no key
   }
 };
 

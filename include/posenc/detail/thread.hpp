@@ -9,13 +9,32 @@
 
 #include <algorithm>
 #include <atomic>
+#include <exception>
 #include <memory>
+#include <mutex>
 
 #include <unsupported/Eigen/CXX11/ThreadPool>
 
 #include "posenc/tensor.hpp"
 
 namespace posenc::detail {
+
+/// The first exception of several threads, kept for the calling thread to rethrow.
+class first_error {
+ public:
+  void record(std::exception_ptr e) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (!error_) error_ = std::move(e);
+  }
+  /// Call after every recording thread has finished (the barrier orders the accesses).
+  void rethrow_if_any() const {
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::exception_ptr error_;
+};
 
 /// The calling thread's scratch of type S, kept from one call to the next. Per-call scratch came
 /// from fresh pages every call (glibc returns large blocks to the kernel on free), and their first
@@ -60,8 +79,12 @@ class thread_scratch {
 /// counter (dynamic scheduling: items of unequal cost, e.g. the causal triangle, balance without a
 /// static partition). Without a pool, with a one-thread pool, or when called from one of the pool's
 /// own threads (a nested call would wait on workers that can never run), everything runs on the
-/// calling thread. `body` must not throw, and its results must not depend on what an earlier call
-/// left in the scratch.
+/// calling thread. Results must not depend on what an earlier call left in the scratch.
+///
+/// An exception thrown by prepare or body reaches the caller, on the caller's thread, with its type
+/// and message intact: a worker that catches one records it (the first one wins), stops the others
+/// from taking new items, and the exception is rethrown after every worker has finished (a pool
+/// thread that let it escape would end the program in std::terminate).
 template <class S, class Prepare, class Body>
 void for_each_item(Eigen::ThreadPoolInterface* pool, index_t items, Prepare prepare, Body body) {
   if (items <= 0) return;
@@ -74,20 +97,25 @@ void for_each_item(Eigen::ThreadPoolInterface* pool, index_t items, Prepare prep
   }
   const index_t workers = std::min(threads, items);
   std::atomic<index_t> next{0};
+  first_error error;
   Eigen::Barrier done(static_cast<unsigned int>(workers));
   for (index_t w = 0; w < workers; ++w) {
     pool->Schedule([&] {
-      {
+      try {
         thread_scratch<S> held;
         prepare(held.get());
         for (index_t i = next.fetch_add(1, std::memory_order_relaxed); i < items;
              i = next.fetch_add(1, std::memory_order_relaxed))
           body(i, held.get());
+      } catch (...) {
+        error.record(std::current_exception());
+        next.store(items, std::memory_order_relaxed);  // no new items for anyone
       }
       done.Notify();
     });
   }
   done.Wait();
+  error.rethrow_if_any();
 }
 
 }  // namespace posenc::detail
