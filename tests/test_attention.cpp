@@ -628,7 +628,7 @@ TEST_CASE("attention: Q/K transform once per token (each kv head once under GQA)
                              config{.B = 2, .Sq = 300, .Sk = 290, .H = 4, .Hkv = 2, .q_block = 16, .k_block = 32},
                              config{.B = 1, .Sq = 65, .Sk = 65, .H = 2, .Hkv = 2, .q_block = 16, .k_block = 24},
                              // blocks of several transform_packed pieces (48 rows at D = 64) with a
-                             // short last piece: one item per kv head (key_mode::worker_packed), causal
+                             // short last piece: one item per kv head (keys transformed per item, packed only), causal
                              // cuts inside a key block; then items sharing the packed keys
                              config{.B = 2, .Sq = 200, .Sk = 200, .H = 2, .Hkv = 2, .D = 64, .causal = true,
                                     .q_block = 100, .k_block = 150},
@@ -1217,7 +1217,7 @@ namespace {
 struct hook_failure : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
-enum class failing_hook { bind, transform_qk, score_terms, position_bias, value_buckets };
+enum class failing_hook { bind, transform_qk, transform_keys, score_terms, position_bias, value_buckets };
 // Throws from one hook kind, for head 1 only (so other work items run, and may finish, first).
 template <failing_hook Hook>
 struct throwing_encoding {
@@ -1233,9 +1233,10 @@ struct throwing_encoding {
   }
   template <class T>
   void transform_qk(posenc::qk_role role, Index head, std::span<const std::int64_t>, posenc::matrix_map<T>) const
-    requires(Hook == failing_hook::transform_qk)
+    requires(Hook == failing_hook::transform_qk || Hook == failing_hook::transform_keys)
   {
-    if (role == posenc::qk_role::query) fail(head);
+    // keys: also from the transform of the keys shared by a kv head's items, made before the items
+    if ((role == posenc::qk_role::query) == (Hook == failing_hook::transform_qk)) fail(head);
   }
   template <class T>
   void add_score_terms(const posenc::tile<T>& t, T, posenc::matrix_map<T>) const
@@ -1305,6 +1306,7 @@ void check_hook_failure_all_threads() {
 TEST_CASE("attention: an exception from any hook reaches the caller with 1, 2 and 8 threads", "[kernel][errors]") {
   check_hook_failure_all_threads<failing_hook::bind>();
   check_hook_failure_all_threads<failing_hook::transform_qk>();
+  check_hook_failure_all_threads<failing_hook::transform_keys>();
   check_hook_failure_all_threads<failing_hook::score_terms>();
   check_hook_failure_all_threads<failing_hook::position_bias>();
   check_hook_failure_all_threads<failing_hook::value_buckets>();

@@ -15,11 +15,15 @@
 //               matrix_map<T> x)                                 (x: [tokens x head_dim], in place)
 //    optionally also (..., const_matrix_map<T> in,               the same, out of place (the kernel
 //               matrix_map<T> out)                               then skips its copy of the input)
+//  static constexpr bool transforms_keys = false                 (optional) the transform is for
+//                                                                queries only: keys read as given
 //  add_score_terms(const tile<T>&, T scale, matrix_map<T> s)     score term inside the scale:
 //                                                                s += scale * term(q_i, k_j, i, j)
 //  add_position_bias(const tile<T>&, matrix_map<T> s)            position-only bias after the scale
 //  value_bucket_count(), value_buckets(const tile<T>&,           value term: out_i += sum_j p_ij *
 //    matrix_map<int32> idx), value_table<T>(index head)          table[idx_ij] (accumulated per bucket)
+//    uniform_value_bucket(const tile<T>&) -> int32               (optional) the one bucket of every
+//                                                                pair of the tile, or -1
 //  logit_scale(index head_dim) -> double                         the family's logit scale
 //  bind(const call_info&) -> bound encoding                      per-call preparation (tables that
 //                                                                depend on the call's positions)
@@ -84,6 +88,14 @@ concept has_qk_transform_copy =
     has_qk_transform<E, T> && requires(const E& e, qk_role r, index_t h, std::span<const std::int64_t> p,
                                        const_matrix_map<T> in, matrix_map<T> out) { e.transform_qk(r, h, p, in, out); };
 
+/// Whether the kernel applies the Q/K transform to the keys too: yes unless the encoding declares
+/// `static constexpr bool transforms_keys = false` (a query-side transform, e.g. Transformer-XL's
+/// q + u; the keys are then read from the caller's rows, never copied).
+template <class E, class T>
+concept has_key_transform = has_qk_transform<E, T> && !requires {
+  requires !E::transforms_keys;
+};
+
 template <class E, class T>
 concept has_score_terms = requires(const E& e, const tile<T>& t, T scale, matrix_map<T> s) {
   e.add_score_terms(t, scale, s);
@@ -97,6 +109,14 @@ concept has_value_terms = requires(const E& e, const tile<T>& t, index_tile idx,
   { e.value_bucket_count() } -> std::convertible_to<index_t>;
   e.value_buckets(t, idx);
   { e.template value_table<T>(h) } -> std::convertible_to<const_matrix_map<T>>;
+};
+
+/// Optional companion of the value terms: the bucket every pair of the tile maps to, or -1 when
+/// the tile has several (a tile entirely beyond a clipped distance). The kernel then adds each row's
+/// weight to that bucket instead of asking for a bucket per pair.
+template <class E, class T>
+concept has_uniform_value_bucket = has_value_terms<E, T> && requires(const E& e, const tile<T>& t) {
+  { e.uniform_value_bucket(t) } -> std::convertible_to<std::int32_t>;
 };
 
 template <class E>
