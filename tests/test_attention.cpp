@@ -252,8 +252,8 @@ struct rotate_qk {
   }
 };
 // The same rotation materialized over whole tensors for the reference.
-auto rotate_reference(const problem& p) {
-  return [&p](posenc::heads_view<double> q, posenc::heads_view<double> k) {
+auto rotate_reference(const problem& p, bool keys = true) {
+  return [&p, keys](posenc::heads_view<double> q, posenc::heads_view<double> k) {
     const auto m = masks_of(p);
     auto rot = [](posenc::heads_view<double> x, const posenc::detail::call_masks& m, bool is_q, Index heads) {
       for (Index b = 0; b < x.batch(); ++b)
@@ -269,7 +269,7 @@ auto rotate_reference(const problem& p) {
           }
     };
     rot(q, m, true, q.heads());
-    rot(k, m, false, k.heads());
+    if (keys) rot(k, m, false, k.heads());
   };
 }
 
@@ -655,6 +655,37 @@ TEST_CASE("attention: Q/K transform once per token (each kv head once under GQA)
   }
 }
 
+namespace {
+// The same rotation for the queries only (transforms_keys = false): the keys are read as given.
+struct rotate_queries_only : rotate_qk {
+  static constexpr bool transforms_keys = false;
+};
+static_assert(posenc::has_qk_transform<rotate_queries_only, float> &&
+              !posenc::has_key_transform<rotate_queries_only, float> && posenc::has_key_transform<rotate_qk, float>);
+}  // namespace
+
+TEST_CASE("attention: a query-only transform (transforms_keys = false) never touches the keys", "[kernel]") {
+  Eigen::ThreadPool two(2);
+  // one item per kv head, items sharing a kv head (GQA, several query blocks), and a hook-free
+  // packed path
+  for (const config& c : {config{.B = 2, .Sq = 37, .Sk = 65, .H = 4, .Hkv = 2, .causal = true,
+                                 .off = offset::q_offset, .q_block = 16, .k_block = 24},
+                          config{.B = 1, .Sq = 200, .Sk = 230, .H = 4, .Hkv = 2, .D = 64, .pad = padding::mask,
+                                 .q_block = 50, .k_block = 150}}) {
+    INFO(describe(c));
+    const problem p(c);
+    for (Eigen::ThreadPoolInterface* pool : {static_cast<Eigen::ThreadPoolInterface*>(nullptr),
+                                             static_cast<Eigen::ThreadPoolInterface*>(&two)}) {
+      rotate_queries_only enc;
+      expect_close<double>(run_kernel<double>(p, enc, pool).out,
+                           run_reference<double>(p, {}, rotate_reference(p, false)).out, "out");
+      CHECK(enc.keys->load() == 0);
+      CHECK(enc.queries->load() == c.B * c.Sq * c.H);
+    }
+    check_case<float>(c, rotate_queries_only{}, {}, rotate_reference(p, false));
+  }
+}
+
 TEST_CASE("attention: position-only bias per tile, and masked tiles are skipped", "[kernel]") {
   for (config c : {config{.B = 2, .Sq = 65, .Sk = 257, .H = 2, .Hkv = 1, .causal = true, .off = offset::q_offset,
                           .q_block = 16, .k_block = 32},
@@ -692,6 +723,34 @@ TEST_CASE("attention: value terms accumulated per relative bucket", "[kernel]") 
     const problem p(c);
     const relative_values enc(2, c.H, c.Dv, 11);
     check_both(c, enc, value_reference(p, enc));
+  }
+}
+
+namespace {
+// relative_values that also names the one bucket of a tile beyond +-K (uniform_value_bucket), and
+// counts the tiles it named.
+struct relative_values_uniform : relative_values {
+  using relative_values::relative_values;
+  std::shared_ptr<std::atomic<long>> uniform_tiles = std::make_shared<std::atomic<long>>(0);
+  template <class T>
+  [[nodiscard]] std::int32_t uniform_value_bucket(const posenc::tile<T>& t) const {
+    const auto r = posenc::detail::clipped_relative_range(t.q_pos, t.rows, t.k_pos, t.cols, K);
+    if (r.count() != 1) return -1;
+    ++*uniform_tiles;
+    return static_cast<std::int32_t>(r.lo);
+  }
+};
+}  // namespace
+
+TEST_CASE("attention: value terms of tiles in one bucket (uniform_value_bucket) add row sums", "[kernel]") {
+  // Small tiles and K = 2: most tiles lie entirely beyond +-2 (one bucket), the diagonal ones do not.
+  for (config c : {config{.B = 2, .Sq = 65, .Sk = 65, .H = 2, .Hkv = 1, .causal = true, .q_block = 8, .k_block = 8},
+                   config{.B = 1, .Sq = 40, .Sk = 90, .H = 2, .Hkv = 2, .pad = padding::mask, .off = offset::q_offset,
+                          .q_block = 8, .k_block = 16}}) {
+    const problem p(c);
+    const relative_values_uniform enc(2, c.H, c.Dv, 5);
+    check_both(c, enc, value_reference(p, enc));
+    CHECK(enc.uniform_tiles->load() > 0);
   }
 }
 
