@@ -44,6 +44,7 @@
 
 #include "posenc/detail/bucket_bias.hpp"
 #include "posenc/detail/buckets.hpp"
+#include "posenc/detail/table.hpp"
 #include "posenc/encoding.hpp"
 #include "posenc/error.hpp"
 #include "posenc/tensor.hpp"
@@ -131,8 +132,8 @@ class tupe {
     }
     project(w, tb);
     if (config.cls_reset) {
-      tb.cls_row_d.resize(static_cast<std::size_t>(H));
-      tb.cls_col_d.resize(static_cast<std::size_t>(H));
+      tb.cls_row.d.resize(static_cast<std::size_t>(H));
+      tb.cls_col.d.resize(static_cast<std::size_t>(H));
       for (index_t h = 0; h < H; ++h) {
         // The [CLS] pairs' whole position bias: theta plus the reserved relative bucket (FORMAT 5.10).
         double row = static_cast<double>((*w.theta_cls_to_others)(h));
@@ -141,11 +142,11 @@ class tupe {
           row += tb.rel(config.rel_pos_bins / 2, h);
           col += tb.rel(config.rel_pos_bins, h);
         }
-        tb.cls_row_d[static_cast<std::size_t>(h)] = row;
-        tb.cls_col_d[static_cast<std::size_t>(h)] = col;
+        tb.cls_row.d[static_cast<std::size_t>(h)] = row;
+        tb.cls_col.d[static_cast<std::size_t>(h)] = col;
       }
-      tb.cls_row_f.assign(tb.cls_row_d.begin(), tb.cls_row_d.end());
-      tb.cls_col_f.assign(tb.cls_col_d.begin(), tb.cls_col_d.end());
+      tb.cls_row.round();
+      tb.cls_col.round();
     }
     tables_ = std::move(data);
   }
@@ -178,10 +179,10 @@ class tupe {
     require(q_pos >= 0 && q_pos < tb.positions && k_pos >= 0 && k_pos < tb.positions, "position",
             "must be in [0, max_positions)", q_pos, ", ", k_pos, " for ", tb.positions);
     const auto h = static_cast<std::size_t>(head);
-    if (config_.cls_reset && q_pos == 0) return tb.cls_row_d[h];
-    if (config_.cls_reset && k_pos == 0) return tb.cls_col_d[h];
-    const double* pq = tb.pq_d.data() + (head * tb.positions + q_pos) * tb.dim;
-    const double* pk = tb.pk_d.data() + (head * tb.positions + k_pos) * tb.dim;
+    if (config_.cls_reset && q_pos == 0) return tb.cls_row.d[h];
+    if (config_.cls_reset && k_pos == 0) return tb.cls_col.d[h];
+    const double* pq = tb.pq.d.data() + (head * tb.positions + q_pos) * tb.dim;
+    const double* pk = tb.pk.d.data() + (head * tb.positions + k_pos) * tb.dim;
     double dot = 0;
     for (index_t c = 0; c < tb.dim; ++c) dot += pq[c] * pk[c];
     if (tb.rel_view) dot += tb.rel(relative_bucket(q_pos, k_pos), head);
@@ -200,8 +201,8 @@ class tupe {
       if (t.rows == 0 || t.cols == 0) return;
       const tables& tb = *tables_;
       const index_t d = tb.dim;
-      const T* pq = tb.template pq<T>() + t.head * tb.positions * d;
-      const T* pk = tb.template pk<T>() + t.head * tb.positions * d;
+      const T* pq = tb.pq.template data<T>() + t.head * tb.positions * d;
+      const T* pk = tb.pk.template data<T>() + t.head * tb.positions * d;
       if (contiguous(t.q_pos, t.rows) && contiguous(t.k_pos, t.cols)) {
         const const_matrix_map<T> q(pq + t.q_pos[0] * d, t.rows, d, Eigen::OuterStride<>(d));
         const const_matrix_map<T> k(pk + t.k_pos[0] * d, t.cols, d, Eigen::OuterStride<>(d));
@@ -214,7 +215,7 @@ class tupe {
         s.noalias() += all_q(qi, Eigen::all) * all_k(ki, Eigen::all).transpose();
       }
       if (cls_reset_) {  // Pq and Pk are zero at position 0: the product added nothing there
-        const T row_c = tb.template cls_row<T>()[t.head], col_c = tb.template cls_col<T>()[t.head];
+        const T row_c = tb.cls_row.template data<T>()[t.head], col_c = tb.cls_col.template data<T>()[t.head];
         for (index_t j = 0; j < t.cols; ++j) {
           if (t.k_pos[j] != 0) continue;
           for (index_t i = 0; i < t.rows; ++i)
@@ -268,34 +269,11 @@ class tupe {
   /// Everything derived from the weights, shared (immutable) by copies of the encoding and bounds.
   struct tables {
     index_t heads = 0, dim = 0, positions = 0;
-    std::vector<double> pq_d, pk_d;  ///< [heads, positions, dim]; pq already scaled by 1/sqrt(2d)
-    std::vector<float> pq_f, pk_f;
-    std::vector<double> cls_row_d, cls_col_d;  ///< [heads]: theta (+ the reserved relative bucket)
-    std::vector<float> cls_row_f, cls_col_f;
+    detail::dual_values pq, pk;          ///< [heads, positions, dim]; pq already scaled by 1/sqrt(2d)
+    detail::dual_values cls_row, cls_col;  ///< [heads]: theta (+ the reserved relative bucket)
     Eigen::Tensor<double, 2, Eigen::RowMajor> rel;  ///< relative_attention_bias [rows, heads]
     std::optional<tensor_map<const double, 2>> rel_view;
     std::optional<detail::t5_bucketizer> buckets;
-
-    template <class T>
-    const T* pq() const {
-      if constexpr (std::is_same_v<T, float>) return pq_f.data();
-      else return pq_d.data();
-    }
-    template <class T>
-    const T* pk() const {
-      if constexpr (std::is_same_v<T, float>) return pk_f.data();
-      else return pk_d.data();
-    }
-    template <class T>
-    const T* cls_row() const {
-      if constexpr (std::is_same_v<T, float>) return cls_row_f.data();
-      else return cls_row_d.data();
-    }
-    template <class T>
-    const T* cls_col() const {
-      if constexpr (std::is_same_v<T, float>) return cls_col_f.data();
-      else return cls_col_d.data();
-    }
   };
 
   /// Pq = (p U_q^T + b_Uq) / sqrt(2d), Pk = p U_k^T + b_Uk, split into heads [H, S, d], in double; with
@@ -309,19 +287,19 @@ class tupe {
     const mat p = in_map(w.pos_emb.data(), S, Dm).template cast<double>();
     const double scale = logit_scale(d);
     auto one = [&](const tensor_map<const W, 2>& u, const tensor_map<const W, 1>& b, double factor,
-                   std::vector<double>& out_d, std::vector<float>& out_f) {
+                   detail::dual_values& out) {
       mat proj = p * in_map(u.data(), HD, Dm).template cast<double>().transpose();
       proj.rowwise() += vec_map(b.data(), HD).template cast<double>();
       proj *= factor;
       if (config_.cls_reset) proj.row(0).setZero();
-      out_d.resize(static_cast<std::size_t>(H * S * d));
+      out.d.resize(static_cast<std::size_t>(H * S * d));
       for (index_t h = 0; h < H; ++h)
         for (index_t s = 0; s < S; ++s)
-          for (index_t c = 0; c < d; ++c) out_d[static_cast<std::size_t>((h * S + s) * d + c)] = proj(s, h * d + c);
-      out_f.assign(out_d.begin(), out_d.end());
+          for (index_t c = 0; c < d; ++c) out.d[static_cast<std::size_t>((h * S + s) * d + c)] = proj(s, h * d + c);
+      out.round();
     };
-    one(w.pos_q_weight, w.pos_q_bias, scale, tb.pq_d, tb.pq_f);
-    one(w.pos_k_weight, w.pos_k_bias, 1.0, tb.pk_d, tb.pk_f);
+    one(w.pos_q_weight, w.pos_q_bias, scale, tb.pq);
+    one(w.pos_k_weight, w.pos_k_bias, 1.0, tb.pk);
   }
 
   tupe_config config_;

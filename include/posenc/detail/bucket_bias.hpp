@@ -10,10 +10,10 @@
 
 #include <cstdint>
 #include <optional>
-#include <type_traits>
 #include <vector>
 
 #include "posenc/detail/buckets.hpp"
+#include "posenc/detail/table.hpp"
 #include "posenc/encoding.hpp"
 #include "posenc/tensor.hpp"
 
@@ -43,17 +43,14 @@ class bucket_bias_table {
     const auto span = static_cast<std::size_t>(span_);
     const index_t H = table->dimension(1);
     buckets_of_r_.resize(span);
-    bias_d_.resize(span * static_cast<std::size_t>(H));
-    bias_f_.resize(span * static_cast<std::size_t>(H));
+    bias_.d.resize(span * static_cast<std::size_t>(H));
     for (std::size_t r = 0; r < span; ++r) {
       const std::int32_t k = (*buckets)(r_min + static_cast<std::int64_t>(r));
       buckets_of_r_[r] = k;
       const W* w = row(k);
-      for (index_t h = 0; h < H; ++h) {
-        bias_d_[static_cast<std::size_t>(h) * span + r] = static_cast<double>(w[h]);
-        bias_f_[static_cast<std::size_t>(h) * span + r] = static_cast<float>(w[h]);
-      }
+      for (index_t h = 0; h < H; ++h) bias_.d[static_cast<std::size_t>(h) * span + r] = static_cast<double>(w[h]);
     }
+    bias_.round();
   }
 
   /// Bucket of relative distance r (the precomputed one when r is in the call's range).
@@ -81,7 +78,7 @@ class bucket_bias_table {
       }
       return;
     }
-    const T* hb = head_bias<T>(t.head);
+    const T* hb = bias_.template data<T>() + t.head * span_;
     bool contiguous = true;  // keys k_pos[0], k_pos[0]+1, ...: each row adds one contiguous slice
     for (index_t j = 1; j < t.cols && contiguous; ++j) contiguous = t.k_pos[j] == t.k_pos[0] + j;
     // Contiguous keys hold the skipped position at most once, in column j0 (cols: nowhere).
@@ -109,21 +106,13 @@ class bucket_bias_table {
   [[nodiscard]] const W* row(std::int32_t bucket) const {
     return table_->data() + static_cast<index_t>(bucket) * table_->dimension(1);
   }
-  template <class T>
-  [[nodiscard]] const T* head_bias(index_t h) const {
-    if constexpr (std::is_same_v<T, float>)
-      return bias_f_.data() + h * span_;
-    else
-      return bias_d_.data() + h * span_;
-  }
 
   const t5_bucketizer* buckets_ = nullptr;
   const tensor_map<const W, 2>* table_ = nullptr;
   bool table_mode_ = false;
   std::int64_t r_min_ = 0, span_ = 0;
   std::vector<std::int32_t> buckets_of_r_;  ///< [span]
-  std::vector<double> bias_d_;              ///< [heads, span]
-  std::vector<float> bias_f_;               ///< [heads, span]
+  dual_values bias_;                        ///< [heads, span]
 };
 
 }  // namespace posenc::detail
