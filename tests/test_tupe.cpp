@@ -311,7 +311,7 @@ TEST_CASE("tupe: golden cases (position_bias, rel_buckets, out)", "[tupe][golden
   }
 }
 
-TEST_CASE("tupe: argument errors name the argument; out untouched", "[tupe][errors]") {
+TEST_CASE("tupe: argument errors name the argument, the output stays untouched", "[tupe][errors]") {
   const tupe_params prm(20, 2, 4, true, true, 3);
   std::vector<std::vector<double>> store;
   const auto good = prm.weights<double>(store);
