@@ -59,6 +59,8 @@ struct tupe_config {
 };
 
 /// The weights, as the official code holds them (host memory, viewed during construction only).
+/// Build it with designated initializers (optional members with emplace): assigning a TensorMap
+/// member copies values into the viewed memory instead of re-pointing the view (Eigen semantics).
 template <class W>
 struct tupe_weights {
   tensor_map<const W, 2> pos_emb;       ///< [S, Dm] absolute embeddings p_0 .. p_{S-1}, after pos_ln
