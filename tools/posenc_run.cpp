@@ -45,6 +45,7 @@
 #include "posenc/rope.hpp"
 #include "posenc/sinusoidal.hpp"
 #include "posenc/t5.hpp"
+#include "posenc/tupe.hpp"
 
 namespace {
 
@@ -609,6 +610,72 @@ results run_rope_attention(const run_env& env) {
   return res;
 }
 
+/// 5.10 tupe: the runner projects q, k, v from x (plain Eigen, y = x W^T + b, in the run's dtype),
+/// the encoding projects the position embeddings; outputs position_bias [H, S, S], rel_buckets,
+/// out and probs (scale 1/sqrt(2d), the position bias after it).
+template <class T>
+results run_tupe(const run_env& env) {
+  const case_data& c = env.c;
+  const index_t H = c.need<index_t>("num_attention_heads");
+  const bool cls = c.need<bool>("cls_reset");
+  const auto xs = c.shape("x");
+  posenc::require(xs.size() == 3 && H > 0 && xs[2] % H == 0, "x", "must be [batch, seq, hidden] with hidden % heads == 0");
+  const index_t B = xs[0], S = xs[1], Dm = xs[2], D = Dm / H;
+  using mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  const auto x = c.real<T>("x");
+  auto project = [&](const std::string& w, const std::string& b) {
+    const auto W = c.real<T>(w), bias = c.real<T>(b);
+    posenc::require(c.shape(w) == std::vector<std::int64_t>{Dm, Dm} && c.shape(b) == std::vector<std::int64_t>{Dm},
+                    w, "must be [hidden, hidden] with a [hidden] bias");
+    std::vector<T> y(static_cast<std::size_t>(B * S * Dm));
+    Eigen::Map<mat> ym(y.data(), B * S, Dm);
+    ym.noalias() = Eigen::Map<const mat>(x.data(), B * S, Dm) * Eigen::Map<const mat>(W.data(), Dm, Dm).transpose();
+    ym.rowwise() += Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(bias.data(), Dm);
+    return y;
+  };
+  const auto q = project("Wq", "bq"), k = project("Wk", "bk"), v = project("Wv", "bv");
+
+  std::map<std::string, std::vector<T>> w;
+  for (const char* n : {"pos_emb", "Uq", "bUq", "Uk", "bUk", "theta_cls_to_others", "theta_others_to_cls",
+                        "relative_attention_bias"})
+    if (c.has_input(n)) w[n] = c.real<T>(n);
+  auto m2 = [&](const char* n) { return posenc::tensor_map<const T, 2>(w.at(n).data(), c.dim(n, 0), c.dim(n, 1)); };
+  auto m1 = [&](const char* n) { return posenc::tensor_map<const T, 1>(w.at(n).data(), c.dim(n, 0)); };
+  posenc::tupe_weights<T> tw{.pos_emb = m2("pos_emb"), .pos_q_weight = m2("Uq"), .pos_q_bias = m1("bUq"),
+                             .pos_k_weight = m2("Uk"), .pos_k_bias = m1("bUk")};
+  if (w.count("theta_cls_to_others")) tw.theta_cls_to_others.emplace(m1("theta_cls_to_others"));
+  if (w.count("theta_others_to_cls")) tw.theta_others_to_cls.emplace(m1("theta_others_to_cls"));
+  if (w.count("relative_attention_bias")) tw.relative_attention_bias.emplace(m2("relative_attention_bias"));
+  const posenc::tupe enc(tw, {.num_attention_heads = H,
+                              .cls_reset = cls,
+                              .rel_pos_bins = c.param<index_t>("rel_pos_bins", 32),
+                              .max_rel_pos = c.param<index_t>("max_rel_pos", 128)});
+
+  results r;
+  std::vector<T> bias(static_cast<std::size_t>(H * S * S));
+  for (index_t h = 0; h < H; ++h)
+    for (index_t i = 0; i < S; ++i)
+      for (index_t j = 0; j < S; ++j)
+        bias[static_cast<std::size_t>((h * S + i) * S + j)] = static_cast<T>(enc.position_bias(h, i, j));
+  r.add_real<T>("position_bias", {H, S, S}, bias);
+  if (enc.has_relative()) {
+    std::vector<std::int64_t> buckets(static_cast<std::size_t>(S * S));
+    for (index_t i = 0; i < S; ++i)
+      for (index_t j = 0; j < S; ++j) buckets[static_cast<std::size_t>(i * S + j)] = enc.relative_bucket(i, j);
+    r.add_ints("rel_buckets", {S, S}, buckets);
+  }
+  posenc::attention_options opt;
+  visibility vis{B, S, S, false, offset_positions(B, S, 0), offset_positions(B, S, 0), {}};
+  std::vector<std::int64_t> pad;
+  read_padding(c, opt, vis, pad, B, S);
+  const std::vector<std::int64_t> shape{B, S, H, D};
+  attention_outputs<T>(env, r, q, shape, k, shape, v, shape, enc, opt, vis, posenc::tupe::logit_scale(D),
+                       [&](index_t, index_t h, index_t i, index_t j) {
+                         return bias[static_cast<std::size_t>((h * S + i) * S + j)];
+                       });
+  return r;
+}
+
 // ---- the kinds table: one row per family ---------------------------------------------------------
 
 struct kind_runner {
@@ -624,6 +691,7 @@ constexpr kind_runner kinds[] = {
     {"alibi", run_alibi<double>, run_alibi<float>},
     {"t5", run_t5<double>, run_t5<float>},
     {"attention", run_attention<double>, run_attention<float>},
+    {"tupe", run_tupe<double>, run_tupe<float>},
 };
 
 std::string supported_kinds() {

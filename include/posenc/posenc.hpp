@@ -15,3 +15,4 @@
 #include "posenc/rope.hpp"
 #include "posenc/alibi.hpp"
 #include "posenc/t5.hpp"
+#include "posenc/tupe.hpp"

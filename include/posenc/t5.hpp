@@ -13,17 +13,17 @@
 //
 // In the kernel, bind() computes one bucket per relative distance over the call's range
 // [k_min - q_max, k_max - q_min] (O(q_len + k_len) logf calls, once per call) and the per-head bias
-// of each distance; a tile then adds a contiguous slice of that vector per query row.
+// of each distance; a tile then adds a contiguous slice of that vector per query row
+// (detail/bucket_bias.hpp, shared with TUPE's relative term).
 //
 //   posenc::t5_relative_bias<float> enc(weight_map, {.num_buckets = 32, .max_distance = 128});
 //   posenc::attention(q, k, v, out, enc, {});                       // encoder self-attention
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
 #include <utility>
-#include <vector>
 
+#include "posenc/detail/bucket_bias.hpp"
 #include "posenc/detail/buckets.hpp"
 #include "posenc/detail/table.hpp"
 #include "posenc/encoding.hpp"
@@ -78,59 +78,25 @@ class t5_relative_bias {
   /// T5 applies no 1/sqrt(d) to its logits.
   [[nodiscard]] static double logit_scale(index_t /*head_dim*/) { return 1.0; }
 
-  /// What the kernel's tiles see: the bias of every relative distance of one call, per head.
+  /// What the kernel's tiles see: the bias of every relative distance of one call, per head
+  /// (detail/bucket_bias.hpp).
   class bound {
    public:
     [[nodiscard]] static double logit_scale(index_t /*head_dim*/) { return 1.0; }
     /// Bucket of relative distance r (the precomputed one when r is in the call's range).
-    [[nodiscard]] std::int32_t bucket(std::int64_t r) const {
-      return table_mode_ && r >= r_min_ && r - r_min_ < span_ ? buckets_[static_cast<std::size_t>(r - r_min_)]
-                                                              : parent_->bucket(r);
-    }
-    [[nodiscard]] std::int64_t min_relative() const { return r_min_; }
-    [[nodiscard]] std::int64_t max_relative() const { return r_min_ + span_ - 1; }
+    [[nodiscard]] std::int32_t bucket(std::int64_t r) const { return table_.bucket(r); }
+    [[nodiscard]] std::int64_t min_relative() const { return table_.min_relative(); }
+    [[nodiscard]] std::int64_t max_relative() const { return table_.max_relative(); }
 
     /// Kernel hook: s(i, j) += table[bucket(k_pos[j] - q_pos[i]), head], after the (unit) scale.
     template <class T>
     void add_position_bias(const tile<T>& t, matrix_map<T> s) const {
-      if (t.rows == 0 || t.cols == 0) return;
-      if (!table_mode_) {  // pathological position ranges: bucket per element
-        for (index_t i = 0; i < t.rows; ++i)
-          for (index_t j = 0; j < t.cols; ++j)
-            s(i, j) += static_cast<T>(parent_->table_.row(parent_->bucket(t.k_pos[j] - t.q_pos[i]))[t.head]);
-        return;
-      }
-      const T* hb = head_bias<T>(t.head);
-      bool contiguous = true;  // keys k_pos[0], k_pos[0]+1, ...: each row adds one contiguous slice
-      for (index_t j = 1; j < t.cols && contiguous; ++j) contiguous = t.k_pos[j] == t.k_pos[0] + j;
-      for (index_t i = 0; i < t.rows; ++i) {
-        T* row = s.data() + i * s.outerStride();
-        if (contiguous) {
-          const T* src = hb + (t.k_pos[0] - t.q_pos[i] - r_min_);
-          for (index_t j = 0; j < t.cols; ++j) row[j] += src[j];
-        } else {
-          const std::int64_t base = t.q_pos[i] + r_min_;
-          for (index_t j = 0; j < t.cols; ++j) row[j] += hb[t.k_pos[j] - base];
-        }
-      }
+      table_.add(t, s);
     }
 
    private:
     friend class t5_relative_bias;
-    template <class T>
-    [[nodiscard]] const T* head_bias(index_t h) const {
-      if constexpr (std::is_same_v<T, float>)
-        return bias_f_.data() + h * span_;
-      else
-        return bias_d_.data() + h * span_;
-    }
-
-    const t5_relative_bias* parent_ = nullptr;
-    bool table_mode_ = false;
-    std::int64_t r_min_ = 0, span_ = 0;
-    std::vector<std::int32_t> buckets_;  ///< [span]
-    std::vector<double> bias_d_;         ///< [heads, span]
-    std::vector<float> bias_f_;          ///< [heads, span]
+    detail::bucket_bias_table<W> table_;
   };
 
   /// Per-call preparation: one bucket per relative distance in [k_min - q_max, k_max - q_min].
@@ -138,33 +104,7 @@ class t5_relative_bias {
     require(info.heads == heads(), "t5_relative_bias", "table heads (columns) must equal the query heads of the call",
             heads(), " vs ", info.heads);
     bound b;
-    b.parent_ = this;
-    if (info.q_max < info.q_min || info.k_max < info.k_min) return b;  // nothing to attend
-    std::int64_t r_min = 0, r_max = 0, width = 0;
-    // Contiguous positions give span = q_len + k_len - 1; a sparse range this large (or one whose
-    // ends overflow int64) is served per element.
-    constexpr std::int64_t max_span = std::int64_t{1} << 24;
-    if (__builtin_sub_overflow(info.k_min, info.q_max, &r_min) ||
-        __builtin_sub_overflow(info.k_max, info.q_min, &r_max) || __builtin_sub_overflow(r_max, r_min, &width) ||
-        width >= max_span)
-      return b;
-    b.table_mode_ = true;
-    b.r_min_ = r_min;
-    b.span_ = r_max - r_min + 1;
-    const auto span = static_cast<std::size_t>(b.span_);
-    const index_t H = heads();
-    b.buckets_.resize(span);
-    b.bias_d_.resize(span * static_cast<std::size_t>(H));
-    b.bias_f_.resize(span * static_cast<std::size_t>(H));
-    for (std::size_t r = 0; r < span; ++r) {
-      const std::int32_t k = buckets_(r_min + static_cast<std::int64_t>(r));
-      b.buckets_[r] = k;
-      const W* w = table_.row(k);
-      for (index_t h = 0; h < H; ++h) {
-        b.bias_d_[static_cast<std::size_t>(h) * span + r] = static_cast<double>(w[h]);
-        b.bias_f_[static_cast<std::size_t>(h) * span + r] = static_cast<float>(w[h]);
-      }
-    }
+    b.table_ = detail::bucket_bias_table<W>(&buckets_, &table_.view(), info);
     return b;
   }
 

@@ -7,7 +7,9 @@
 #pragma once
 
 #include <memory>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "posenc/tensor.hpp"
 
@@ -34,6 +36,20 @@ class table_storage {
  private:
   std::shared_ptr<const owned_type> owned_;
   tensor_map<const W, 2> view_;
+};
+
+/// The same values in double and in float, filled once (double first, then `round()`), so that a
+/// kernel hook reads its scalar type without converting per tile (T5's and TUPE's per-call tables).
+struct dual_values {
+  std::vector<double> d;
+  std::vector<float> f;
+  /// f = d rounded to float.
+  void round() { f.assign(d.begin(), d.end()); }
+  template <class T>
+  [[nodiscard]] const T* data() const {
+    if constexpr (std::is_same_v<T, float>) return f.data();
+    else return d.data();
+  }
 };
 
 }  // namespace posenc::detail
