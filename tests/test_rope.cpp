@@ -689,6 +689,32 @@ TEST_CASE("rope: errors leave the outputs untouched", "[rope][errors]") {
   CHECK(q == x);
 }
 
+TEST_CASE("rope: a head_dim that differs from the call's throws before attention writes, with and without a pool",
+          "[rope][errors]") {
+  // The rope is for head_dim 64, the call's q and k have 32. The check lives in bind, on the calling
+  // thread: with a pool it used to fail inside a worker's transform and end in std::terminate.
+  const posenc::rope r(base_config(64));
+  const posenc::rope_frequencies f = r.at(0);
+  const index_t S = 40, H = 4, D = 32;
+  const auto q = test_util::randn(S * H * D, 3), k = test_util::randn(S * H * D, 4), v = test_util::randn(S * H * D, 5);
+  for (int threads : {1, 2, 8}) {
+    Eigen::ThreadPool pool(threads);
+    posenc::attention_options opt;
+    opt.causal = true;
+    opt.q_block = 8;
+    opt.pool = &pool;
+    std::vector<double> out(q.size(), 7.0);
+    auto call = [&](const auto& enc) {
+      posenc::attention<double>(posenc::bshd<const double>(q.data(), 1, S, H, D), posenc::bshd<const double>(k.data(), 1, S, H, D),
+                                posenc::bshd<const double>(v.data(), 1, S, H, D), posenc::bshd(out.data(), 1, S, H, D), enc,
+                                opt);
+    };
+    CHECK_THROWS_WITH(call(r), Catch::Contains("rope") && Catch::Contains("head_dim"));
+    CHECK_THROWS_AS(call(f), posenc::error);  // the frequencies used as an encoding directly
+    CHECK(std::all_of(out.begin(), out.end(), [](double x) { return x == 7.0; }));
+  }
+}
+
 TEST_CASE("rope: kernel hooks — transform_qk and bind agree with apply", "[rope][hooks]") {
   static_assert(posenc::has_qk_transform<posenc::rope, float> && posenc::has_qk_transform<posenc::rope, double>);
   static_assert(posenc::has_bind<posenc::rope> && posenc::attention_encoding<posenc::rope>);
