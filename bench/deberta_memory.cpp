@@ -1,7 +1,7 @@
 // Peak resident memory of one fused DeBERTa-v3-base attention call (H = 12, d = 64, position_buckets
 // 256, max_relative_positions 512, c2p + p2c, float, BSHD, HF attention_mask with padding) at
 // L = 16384, against q + k + v + out plus what the encoding keeps: the layer's inputs it viewed
-// (rel_embeddings, two projections) and its projected tables Kr, Qr (per head, float and double),
+// (rel_embeddings, two projections) and its projected tables Kr, Qr (per head, float and double, plain and packed),
 // and the per-call row table and key padding mask (target: peak <= 1.25x). The peak RSS of the
 // whole process (getrusage ru_maxrss) is the measurement. Usage: deberta_memory [L] [threads]
 #include <sys/resource.h>
@@ -49,7 +49,8 @@ int main(int argc, char** argv) {
   const double peak = static_cast<double>(ru.ru_maxrss) * 1024.0;  // KiB on Linux
   const double tensors = 4.0 * static_cast<double>(n) * sizeof(float);
   const double inputs = static_cast<double>((rel.size() + w.size() + b.size()) * sizeof(float));
-  const double tables = 2.0 * static_cast<double>(H * 2 * span * d) * (sizeof(float) + sizeof(double)) +
+  // Kr and Qr per head, float and double, plain and packed for the tile products.
+  const double tables = 2.0 * 2.0 * static_cast<double>(H * 2 * span * d) * (sizeof(float) + sizeof(double)) +
                         static_cast<double>(2 * L - 1) * sizeof(std::int32_t) + static_cast<double>(L) * 8.0;
   const double base = tensors + inputs + tables;
   double check = 0;

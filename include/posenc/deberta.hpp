@@ -47,6 +47,7 @@
 #include "posenc/attention.hpp"
 #include "posenc/detail/buckets.hpp"
 #include "posenc/detail/relative.hpp"
+#include "posenc/detail/tile_gemm.hpp"
 #include "posenc/encoding.hpp"
 #include "posenc/error.hpp"
 #include "posenc/options.hpp"
@@ -113,17 +114,18 @@ class deberta_weights {
 
 class deberta_disentangled;
 
-namespace detail {
-
-/// Rows of c2p (query-side) or keys of p2c (key-side) handled per relative product: each chunk's
-/// relative range is at most chunk + tile width - 1 distances, instead of 2x the tile's for a whole
-/// diagonal tile, and chunks far from the diagonal saturate on their own.
-inline constexpr index_t deberta_chunk = 64;
-
-}  // namespace detail
-
 /// The DeBERTa encoding: c2p / p2c score terms for posenc::attention (see the file comment).
 class deberta_disentangled {
+  /// Kr or Qr: per head [2 span][d], float and double, plain and packed.
+  struct tables {
+    std::shared_ptr<std::vector<double>> d;  ///< [H][2 span][d]
+    std::shared_ptr<std::vector<float>> f;
+    /// Per head, the same rows packed as the B operand of detail::tile_gemm (its GEBP micro-kernel),
+    /// so a tile's product over rows [lo, hi] packs only its own queries or keys.
+    std::shared_ptr<std::vector<typename detail::tile_gemm<double>::buffer>> packed_d;
+    std::shared_ptr<std::vector<typename detail::tile_gemm<float>::buffer>> packed_f;
+  };
+
  public:
   template <class W>
   deberta_disentangled(const deberta_config& config, const deberta_weights<W>& w) : config_(config) {
@@ -173,6 +175,18 @@ class deberta_disentangled {
             (*out.d)[at] = x;
             (*out.f)[at] = static_cast<float>(x);
           }
+      out.packed_d = std::make_shared<std::vector<typename detail::tile_gemm<double>::buffer>>(
+          static_cast<std::size_t>(config.heads));
+      out.packed_f = std::make_shared<std::vector<typename detail::tile_gemm<float>::buffer>>(
+          static_cast<std::size_t>(config.heads));
+      for (index_t h = 0; h < config.heads; ++h) {
+        auto& pd = (*out.packed_d)[static_cast<std::size_t>(h)];
+        auto& pf = (*out.packed_f)[static_cast<std::size_t>(h)];
+        pd.resize(rows * d);
+        pf.resize(rows * d);
+        detail::tile_gemm<double>::pack_b(pd.data(), out.d->data() + h * rows * d, d, rows, d);
+        detail::tile_gemm<float>::pack_b(pf.data(), out.f->data() + h * rows * d, d, rows, d);
+      }
     };
     if (config.c2p)
       project(config.share_att_key ? w.key_proj : w.pos_key_proj, config.share_att_key ? "key_proj" : "pos_key_proj",
@@ -227,8 +241,8 @@ class deberta_disentangled {
       const bool contiguous = contiguous_keys(t);
       const auto [kmin, kmax] = std::minmax_element(t.k_pos, t.k_pos + t.cols);
       if (parent_->config_.c2p) {
-        for (index_t i0 = 0; i0 < t.rows; i0 += detail::deberta_chunk) {
-          const index_t n = std::min(detail::deberta_chunk, t.rows - i0);
+        for (index_t i0 = 0; i0 < t.rows; i0 += chunk<T>()) {
+          const index_t n = std::min(chunk<T>(), t.rows - i0);
           const auto [qmin, qmax] = std::minmax_element(t.q_pos + i0, t.q_pos + i0 + n);
           const detail::bucket_range range{row_of(*qmin, *kmax), row_of(*qmax, *kmin)};
           matrix_map<T> sc(s.data() + i0 * s.outerStride(), n, t.cols, Eigen::OuterStride<>(s.outerStride()));
@@ -238,14 +252,14 @@ class deberta_disentangled {
             sc.colwise() += ((q * kr.row(range.lo).transpose()) * scale).eval();
             continue;
           }
-          const matrix_map<T> prod = detail::relative_products_into<T>(q, kr, range, scratch<T>(n * range.count()));
-          add_gathered<T>(prod, range, t, i0, n, 0, t.cols, contiguous, scale, sc, false);
+          add_gathered<T>(packed_products<T>(q, parent_->kr_, t.head, range), t, i0, n, 0, t.cols, contiguous, scale,
+                          sc, false);
         }
       }
       if (parent_->config_.p2c) {
         const auto [qmin, qmax] = std::minmax_element(t.q_pos, t.q_pos + t.rows);
-        for (index_t j0 = 0; j0 < t.cols; j0 += detail::deberta_chunk) {
-          const index_t n = std::min(detail::deberta_chunk, t.cols - j0);
+        for (index_t j0 = 0; j0 < t.cols; j0 += chunk<T>()) {
+          const index_t n = std::min(chunk<T>(), t.cols - j0);
           const auto [cmin, cmax] = std::minmax_element(t.k_pos + j0, t.k_pos + j0 + n);
           const detail::bucket_range range{row_of(*qmin, *cmax), row_of(*qmax, *cmin)};
           matrix_map<T> sc(s.data() + j0, t.rows, n, Eigen::OuterStride<>(s.outerStride()));
@@ -255,8 +269,8 @@ class deberta_disentangled {
             sc.rowwise() += ((k * qr.row(range.lo).transpose()) * scale).transpose().eval();
             continue;
           }
-          const matrix_map<T> prod = detail::relative_products_into<T>(k, qr, range, scratch<T>(n * range.count()));
-          add_gathered<T>(prod, range, t, 0, t.rows, j0, n, contiguous, scale, sc, true);
+          add_gathered<T>(packed_products<T>(k, parent_->qr_, t.head, range), t, 0, t.rows, j0, n, contiguous, scale,
+                          sc, true);
         }
       }
     }
@@ -286,35 +300,79 @@ class deberta_disentangled {
       return true;
     }
 
-    /// Per-thread product buffer (never shared between threads; kept across tiles and calls).
+    /// Per-thread buffers (never shared between threads; kept across tiles and calls): the packed
+    /// rows of a chunk and the chunk's products.
     template <class T>
-    static T* scratch(index_t n) {
-      thread_local std::vector<T> buffer;
-      if (static_cast<index_t>(buffer.size()) < n) buffer.resize(static_cast<std::size_t>(n));
-      return buffer.data();
+    struct thread_buffers {
+      typename detail::tile_gemm<T>::buffer packed, prod;
+    };
+    template <class T>
+    static thread_buffers<T>& scratch() {
+      thread_local thread_buffers<T> b;
+      return b;
+    }
+
+    /// Rows of c2p (keys of p2c) per relative product: one micro-panel of GEBP's A operand, so the
+    /// chunk packs without a remainder panel; each chunk's relative range is at most chunk + tile
+    /// width - 1 distances (not twice the tile's for a whole diagonal tile), and chunks far from the
+    /// diagonal saturate on their own.
+    template <class T>
+    static constexpr index_t chunk() {
+      return detail::tile_gemm<T>::a_panel;
+    }
+
+    /// The products of a chunk's rows x (queries or keys) with the table rows [lo, hi]: stored one
+    /// table row per line, prod(t, x) at data[(t - lo) * ld + x].
+    template <class T>
+    struct chunk_products {
+      const T* data;
+      index_t ld;
+      detail::bucket_range rows;
+    };
+
+    /// x . table[lo'..hi']^T over the table rows [lo', hi'] that cover `range` in whole packed
+    /// micro-panels of B (a packed B's column prefix is a packed B only at panel multiples, or up
+    /// to the end).
+    template <class T, class X>
+    chunk_products<T> packed_products(const X& x, const tables& tb, index_t head, detail::bucket_range range) const {
+      using gemm = detail::tile_gemm<T>;
+      constexpr index_t nr = gemm::b_panel;
+      const index_t rows = 2 * parent_->span_, d = parent_->config_.head_dim, n = x.rows();
+      const index_t lo = range.lo / nr * nr;
+      const index_t hi = std::min(rows, (range.hi + nr) / nr * nr);
+      const index_t m = hi - lo;
+      thread_buffers<T>& b = scratch<T>();
+      if (b.packed.size() < n * d) b.packed.resize(n * d);
+      if (b.prod.size() < n * m) b.prod.resize(n * m);
+      gemm::pack_a(b.packed.data(), x.data(), x.outerStride(), n, d);
+      std::fill_n(b.prod.data(), n * m, T(0));
+      // Column-major C (n x m) = A (x) B (table rows^T): column t - lo holds table row t's products.
+      gemm::multiply(b.prod.data(), n, b.packed.data(), parent_->packed_table<T>(tb, head) + lo * d, n, d, m, T(1), d,
+                     gemm::column_chunk(n, d, m));
+      return {b.prod.data(), n, detail::bucket_range{lo, hi - 1}};
     }
 
     /// The gather of one chunk: rows [i0, i0 + rows) x keys [j0, j0 + cols) of the tile into sc.
     template <class T>
-    void add_gathered(const matrix_map<T>& prod, detail::bucket_range range, const tile<T>& t, index_t i0,
-                      index_t rows, index_t j0, index_t cols, bool contiguous, T scale, matrix_map<T> sc,
-                      bool key_side) const {
+    void add_gathered(const chunk_products<T>& p, const tile<T>& t, index_t i0, index_t rows, index_t j0,
+                      index_t cols, bool contiguous, T scale, matrix_map<T> sc, bool key_side) const {
+      const auto lo = static_cast<std::int32_t>(p.rows.lo), ld = static_cast<std::int32_t>(p.ld);
       if (table_mode_ && contiguous) {
         // Keys at k0, k0 + 1, ...: row i reads rows_[r_max - q_i + k0 + j], a forward run of the table.
         const std::int64_t k0 = t.k_pos[j0];
-        auto row_rows = [&](index_t i) {
-          return rows_.data() + static_cast<std::size_t>(r_max_ - t.q_pos[i0 + i] + k0);
-        };
-        if (key_side) detail::gather_add_by_col_buckets<T>(prod, range, row_rows, scale, sc);
-        else detail::gather_add_by_row_buckets<T>(prod, range, row_rows, scale, sc);
+        for (index_t i = 0; i < rows; ++i) {
+          const std::int32_t* idx = rows_.data() + static_cast<std::size_t>(r_max_ - t.q_pos[i0 + i] + k0);
+          T* out = sc.data() + i * sc.outerStride();
+          if (key_side) detail::gather_add_row<T>(out, p.data, idx, lo, 1, ld, cols, scale);
+          else detail::gather_add_row<T>(out, p.data + i, idx, lo, 0, ld, cols, scale);
+        }
         return;
       }
       // Scattered key positions or a pathological position range: a row per pair.
-      const auto lo = static_cast<std::int32_t>(range.lo);
       for (index_t i = 0; i < rows; ++i)
         for (index_t j = 0; j < cols; ++j) {
           const std::int32_t c = row_of(t.q_pos[i0 + i], t.k_pos[j0 + j]) - lo;
-          sc(i, j) += scale * (key_side ? prod(j, c) : prod(i, c));
+          sc(i, j) += scale * p.data[c * ld + (key_side ? j : i)];
         }
     }
 
@@ -364,10 +422,11 @@ class deberta_disentangled {
   }
 
  private:
-  struct tables {
-    std::shared_ptr<std::vector<double>> d;  ///< [H][2 span][d]
-    std::shared_ptr<std::vector<float>> f;
-  };
+  template <class T>
+  [[nodiscard]] const T* packed_table(const tables& tb, index_t h) const {
+    if constexpr (std::is_same_v<T, float>) return (*tb.packed_f)[static_cast<std::size_t>(h)].data();
+    else return (*tb.packed_d)[static_cast<std::size_t>(h)].data();
+  }
 
   template <class T>
   [[nodiscard]] const_matrix_map<T> head_table(const tables& tb, index_t h) const {

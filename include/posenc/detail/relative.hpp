@@ -13,6 +13,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
+
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include <Eigen/Core>
 
@@ -77,42 +82,55 @@ void gather_add_by_col(const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Ei
 // table). The loops below then have no call and no branch per element, so they vectorize (an
 // indexed load per score on AVX2).
 
-/// prod = x * table.middleRows(range)^T into caller storage (at least x.rows() * range.count()
-/// elements, e.g. a per-thread buffer kept across tiles); returns the row-major [x.rows(), count] map.
-template <class T, class X, class Table>
-matrix_map<T> relative_products_into(const X& x, const Table& table, bucket_range range, T* storage) {
-  matrix_map<T> prod(storage, x.rows(), range.count(), Eigen::OuterStride<>(std::max<index_t>(range.count(), 1)));
-  if (range.count() > 0 && x.rows() > 0) prod.noalias() = x * table.middleRows(range.lo, range.count()).transpose();
-  return prod;
-}
-
-/// Query-side gather: s(i, j) += scale * prod(i, row_buckets(i)[j] - range.lo).
-template <class T, class RowBuckets>
-void gather_add_by_row_buckets(const matrix_map<T>& prod, bucket_range range, RowBuckets&& row_buckets, T scale,
-                               matrix_map<T> s) {
-  const index_t cols = s.cols();
-  const auto lo = static_cast<std::int32_t>(range.lo);
-  for (index_t i = 0; i < s.rows(); ++i) {
-    const std::int32_t* idx = row_buckets(i);
-    const T* p = prod.data() + i * prod.outerStride();
-    T* out = s.data() + i * s.outerStride();
-    for (index_t j = 0; j < cols; ++j) out[j] += scale * p[idx[j] - lo];
+/// One row of an indexed gather: out[j] += scale * base[j * stride + (idx[j] - lo) * mult], j < cols.
+/// With the products stored one table row per line (mult = the line length), stride 0 reads one
+/// query's column of them (query side), stride 1 reads key j's (key side). Indices are 32-bit: with
+/// AVX-512 / AVX2 the loads are one 32-bit-indexed gather per vector (the compiler's own
+/// vectorization widens the indices to 64 bits and gathers half as many elements per instruction).
+template <class T>
+void gather_add_row(T* out, const T* base, const std::int32_t* idx, std::int32_t lo, std::int32_t stride,
+                    std::int32_t mult, index_t cols, T scale) {
+  index_t j = 0;
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    const __m512 vs = _mm512_set1_ps(scale);
+    const __m512i vm = _mm512_set1_epi32(mult), vlo = _mm512_set1_epi32(lo), step = _mm512_set1_epi32(16 * stride);
+    __m512i off = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                     _mm512_set1_epi32(stride));
+    for (; j + 16 <= cols; j += 16) {
+      const __m512i c = _mm512_sub_epi32(_mm512_loadu_si512(idx + j), vlo);
+      const __m512i id = _mm512_add_epi32(_mm512_mullo_epi32(c, vm), off);
+      const __m512 g = _mm512_i32gather_ps(id, base, 4);
+      _mm512_storeu_ps(out + j, _mm512_fmadd_ps(vs, g, _mm512_loadu_ps(out + j)));
+      off = _mm512_add_epi32(off, step);
+    }
+  } else {
+    const __m512d vs = _mm512_set1_pd(scale);
+    const __m256i vm = _mm256_set1_epi32(mult), vlo = _mm256_set1_epi32(lo), step = _mm256_set1_epi32(8 * stride);
+    __m256i off = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(stride));
+    for (; j + 8 <= cols; j += 8) {
+      const __m256i c = _mm256_sub_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx + j)), vlo);
+      const __m256i id = _mm256_add_epi32(_mm256_mullo_epi32(c, vm), off);
+      const __m512d g = _mm512_i32gather_pd(id, base, 8);
+      _mm512_storeu_pd(out + j, _mm512_fmadd_pd(vs, g, _mm512_loadu_pd(out + j)));
+      off = _mm256_add_epi32(off, step);
+    }
   }
-}
-
-/// Key-side gather: s(i, j) += scale * prod(j, row_buckets(i)[j] - range.lo) (prod: one row per key).
-template <class T, class RowBuckets>
-void gather_add_by_col_buckets(const matrix_map<T>& prod, bucket_range range, RowBuckets&& row_buckets, T scale,
-                               matrix_map<T> s) {
-  const index_t cols = s.cols();
-  const auto stride = static_cast<std::int32_t>(prod.outerStride());
-  const auto lo = static_cast<std::int32_t>(range.lo);
-  const T* p = prod.data();
-  for (index_t i = 0; i < s.rows(); ++i) {
-    const std::int32_t* idx = row_buckets(i);
-    T* out = s.data() + i * s.outerStride();
-    for (index_t j = 0; j < cols; ++j) out[j] += scale * p[static_cast<std::int32_t>(j) * stride + idx[j] - lo];
+#elif defined(__AVX2__) && defined(__FMA__)
+  if constexpr (std::is_same_v<T, float>) {
+    const __m256 vs = _mm256_set1_ps(scale);
+    const __m256i vm = _mm256_set1_epi32(mult), vlo = _mm256_set1_epi32(lo), step = _mm256_set1_epi32(8 * stride);
+    __m256i off = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(stride));
+    for (; j + 8 <= cols; j += 8) {
+      const __m256i c = _mm256_sub_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx + j)), vlo);
+      const __m256i id = _mm256_add_epi32(_mm256_mullo_epi32(c, vm), off);
+      const __m256 g = _mm256_i32gather_ps(base, id, 4);
+      _mm256_storeu_ps(out + j, _mm256_fmadd_ps(vs, g, _mm256_loadu_ps(out + j)));
+      off = _mm256_add_epi32(off, step);
+    }
   }
+#endif
+  for (; j < cols; ++j) out[j] += scale * base[static_cast<std::int32_t>(j) * stride + (idx[j] - lo) * mult];
 }
 
 }  // namespace posenc::detail
