@@ -450,18 +450,13 @@ class deberta_disentangled {
       b.mask_len_ = mask->dimension(1);
     }
     if (info.q_max < info.q_min || info.k_max < info.k_min) return b;  // nothing to attend
-    std::int64_t r_min = 0, r_max = 0, width = 0;
-    // Contiguous positions give q_len + k_len - 1 distances; a sparse range this wide (or one whose
-    // ends overflow int64) is served per pair.
-    constexpr std::int64_t max_width = std::int64_t{1} << 24;
-    if (__builtin_sub_overflow(info.q_min, info.k_max, &r_min) ||
-        __builtin_sub_overflow(info.q_max, info.k_min, &r_max) || __builtin_sub_overflow(r_max, r_min, &width) ||
-        width >= max_width)
-      return b;
+    const auto range = detail::call_distance_range(info.q_min, info.q_max, info.k_min, info.k_max);
+    if (!range) return b;  // served per pair
     b.table_mode_ = true;
-    b.r_max_ = r_max;
-    b.rows_.resize(static_cast<std::size_t>(width + 1));
-    for (std::int64_t t = 0; t <= width; ++t) b.rows_[static_cast<std::size_t>(t)] = relative_row(r_max - t, 0);
+    b.r_max_ = range->hi;
+    b.rows_.resize(static_cast<std::size_t>(range->count()));
+    for (std::int64_t t = 0; t < range->count(); ++t)
+      b.rows_[static_cast<std::size_t>(t)] = relative_row(range->hi - t, 0);
     return b;
   }
 

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "posenc/detail/buckets.hpp"
+#include "posenc/detail/relative.hpp"
 #include "posenc/detail/table.hpp"
 #include "posenc/encoding.hpp"
 #include "posenc/error.hpp"
@@ -140,17 +141,13 @@ class t5_relative_bias {
     bound b;
     b.parent_ = this;
     if (info.q_max < info.q_min || info.k_max < info.k_min) return b;  // nothing to attend
-    std::int64_t r_min = 0, r_max = 0, width = 0;
-    // Contiguous positions give span = q_len + k_len - 1; a sparse range this large (or one whose
-    // ends overflow int64) is served per element.
-    constexpr std::int64_t max_span = std::int64_t{1} << 24;
-    if (__builtin_sub_overflow(info.k_min, info.q_max, &r_min) ||
-        __builtin_sub_overflow(info.k_max, info.q_min, &r_max) || __builtin_sub_overflow(r_max, r_min, &width) ||
-        width >= max_span)
-      return b;
+    // One bucket per key - query distance of the call (or per element for a pathological range).
+    const auto range = detail::call_distance_range(info.k_min, info.k_max, info.q_min, info.q_max);
+    if (!range) return b;
+    const std::int64_t r_min = range->lo;
     b.table_mode_ = true;
     b.r_min_ = r_min;
-    b.span_ = r_max - r_min + 1;
+    b.span_ = range->count();
     const auto span = static_cast<std::size_t>(b.span_);
     const index_t H = heads();
     b.buckets_.resize(span);

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <type_traits>
 
 #if defined(__AVX2__) || defined(__AVX512F__)
@@ -30,6 +31,25 @@ struct bucket_range {
   index_t lo = 0, hi = -1;
   [[nodiscard]] index_t count() const { return hi >= lo ? hi - lo + 1 : 0; }
 };
+
+/// The differences a - b of one call (a in [a_min, a_max], b in [b_min, b_max]: key minus query
+/// positions for T5, query minus key for DeBERTa), as the inclusive range an encoding tabulates once
+/// per call in bind(). Contiguous positions give q_len + k_len - 1 differences; nullopt when the range
+/// is wider than 2^24 (sparse, pathological positions) or its ends overflow int64: the encoding then
+/// serves each pair directly.
+struct distance_range {
+  std::int64_t lo = 0, hi = -1;
+  [[nodiscard]] std::int64_t count() const { return hi - lo + 1; }
+};
+[[nodiscard]] inline std::optional<distance_range> call_distance_range(std::int64_t a_min, std::int64_t a_max,
+                                                                       std::int64_t b_min, std::int64_t b_max) {
+  constexpr std::int64_t max_width = std::int64_t{1} << 24;
+  std::int64_t lo = 0, hi = 0, width = 0;
+  if (__builtin_sub_overflow(a_min, b_max, &lo) || __builtin_sub_overflow(a_max, b_min, &hi) ||
+      __builtin_sub_overflow(hi, lo, &width) || width >= max_width)
+    return std::nullopt;
+  return distance_range{lo, hi};
+}
 
 /// The buckets clip(k_pos - q_pos, -max_distance, max_distance) + max_distance that a tile with
 /// these positions can produce (Shaw's clipped relative distance, offset to a 0-based row).
