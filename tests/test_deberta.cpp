@@ -229,7 +229,10 @@ TEST_CASE("deberta: every r in [-5000, 5000] buckets like the float32 replica of
   struct cfg {
     idx pb, mrp;
   };
-  const cfg cfgs[] = {{256, 512}, {128, 512}, {256, 1024}, {64, 128}, {32, 100}, {512, 4096}, {4, 10}, {2, 5}, {3, 9}};
+  // Power-of-two mids (the released checkpoints) make (max - 1) / mid exact in float32; the others
+  // make the double division, its float32 rounding and logf each matter.
+  const cfg cfgs[] = {{256, 512}, {128, 512}, {256, 1024}, {64, 128}, {32, 100}, {512, 4096}, {4, 10},  {2, 5},
+                      {3, 9},     {10, 100},  {24, 512},   {200, 1000}, {100, 333}, {14, 77},   {300, 4097}, {96, 250}};
   for (const auto& c : cfgs) {
     const posenc::deberta_config dc{.heads = 1, .head_dim = 1, .position_buckets = c.pb, .max_relative_positions = c.mrp,
                                     .c2p = false, .p2c = false};
