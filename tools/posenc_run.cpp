@@ -40,6 +40,8 @@
 
 #include "posenc/alibi.hpp"
 #include "posenc/attention.hpp"
+#include "posenc/deberta.hpp"
+#include "posenc/io/deberta.hpp"
 #include "posenc/io/hf_config.hpp"
 #include "posenc/io/safetensors.hpp"
 #include "posenc/rope.hpp"
@@ -673,6 +675,134 @@ results run_tupe(const run_env& env) {
                        [&](index_t, index_t h, index_t i, index_t j) {
                          return bias[static_cast<std::size_t>((h * S + i) * S + j)];
                        });
+/// 5.8 deberta / 5.9 deberta_buckets: DeBERTa-v2/v3 disentangled attention. The case's params go
+/// through posenc/io/deberta.hpp (the config.json reader); the host's part (hidden -> Q, K, V, split
+/// into heads) is done here in double; `context` comes from the fused kernel with HF's
+/// attention_mask (padded keys masked, padded query rows zero), probs from its lse and the scores
+/// rebuilt from the encoding's public per-pair pieces (relative_row, position_keys/queries).
+/// deberta_buckets: make_log_bucket_position of each value of the range, with the fragile rule.
+template <class T>
+results run_deberta(const run_env& env) {
+  const case_data& c = env.c;
+  json prm = c.params();
+  prm["relative_attention"] = true;  // the kind is relative attention by definition
+  if (c.kind() == "deberta_buckets") {
+    prm["hidden_size"] = 1;
+    prm["num_attention_heads"] = 1;
+    prm["pos_att_type"] = json::array();
+  }
+  const posenc::io::deberta_hf_config hf = posenc::io::deberta_config_from_hf(prm);
+  const posenc::deberta_config& cfg = hf.attention;
+  results r;
+  if (c.kind() == "deberta_buckets") {
+    const std::vector<double> rel(static_cast<std::size_t>(2 * cfg.att_span()), 0.0);
+    const posenc::deberta_disentangled enc(
+        cfg, posenc::deberta_weights<double>(posenc::tensor_map<const double, 2>(rel.data(), 2 * cfg.att_span(), 1)));
+    const auto range = c.ints("relative_position_range");
+    std::vector<std::int64_t> b(range.size());
+    for (std::size_t n = 0; n < range.size(); ++n) b[n] = enc.bucket(range[n]);
+    r.add_ints("buckets", {static_cast<std::int64_t>(range.size())}, b);
+    r.bucket_relative = range;
+    r.not_computed["fragile"] = "companion flag of the case (used to relax bucket comparisons)";
+    if (c.has_tensor("fragile")) {
+      const auto fr = c.ints("fragile");
+      for (std::size_t n = 0; n < range.size() && n < fr.size(); ++n)
+        if (fr[n] != 0) r.fragile_relative.insert(range[n]);
+    }
+    return r;
+  }
+
+  const auto hs = c.shape("hidden");
+  const index_t B = hs[0], S = hs[1], Dm = hs[2], H = cfg.heads, D = cfg.head_dim;
+  posenc::require(H * D == Dm, "params", "num_attention_heads * head_dim must equal hidden's width", H * D, " vs ", Dm);
+  std::map<std::string, std::vector<double>> w;
+  for (const char* n : {"Wq", "bq", "Wk", "bk", "Wv", "bv", "Wpk", "bpk", "Wpq", "bpq"})
+    if (c.has_input(n)) w[n] = c.real<double>(n);
+  const auto rel = c.real<double>("rel_embeddings");
+  posenc::deberta_weights<double> weights(
+      posenc::tensor_map<const double, 2>(rel.data(), c.dim("rel_embeddings", 0), c.dim("rel_embeddings", 1)));
+  auto lin = [&](const char* W, const char* b) -> std::optional<posenc::deberta_linear<double>> {
+    if (!w.count(W) || !w.count(b)) return std::nullopt;
+    return posenc::deberta_linear<double>(posenc::tensor_map<const double, 2>(w[W].data(), c.dim(W, 0), c.dim(W, 1)),
+                                          posenc::tensor_map<const double, 1>(w[b].data(), c.dim(b, 0)));
+  };
+  weights.query_proj = lin("Wq", "bq");
+  weights.key_proj = lin("Wk", "bk");
+  weights.pos_key_proj = lin("Wpk", "bpk");
+  weights.pos_query_proj = lin("Wpq", "bpq");
+  const posenc::deberta_disentangled enc(cfg, weights);
+  r.scalars["att_span"] = enc.att_span();
+  r.scalars["scale_factor"] = cfg.scale_factor();
+
+  std::vector<std::int64_t> relative_pos(static_cast<std::size_t>(S * S));
+  for (index_t i = 0; i < S; ++i)
+    for (index_t j = 0; j < S; ++j) relative_pos[static_cast<std::size_t>(i * S + j)] = enc.bucket(i - j);
+  r.add_ints("relative_pos", {S, S}, relative_pos);
+
+  // The host's projections x W^T + b in double, [B, S, H, d] (= [B, S, Dm]), then cast to T.
+  const auto hidden = c.real<double>("hidden");
+  auto project = [&](const char* W, const char* b) {
+    posenc::require(w.count(W) && w.count(b), W, "is a required input");
+    std::vector<T> y(static_cast<std::size_t>(B * S * Dm));
+    for (index_t t = 0; t < B * S; ++t)
+      for (index_t o = 0; o < Dm; ++o) {
+        double acc = w[b][static_cast<std::size_t>(o)];
+        for (index_t m = 0; m < Dm; ++m)
+          acc += hidden[static_cast<std::size_t>(t * Dm + m)] * w[W][static_cast<std::size_t>(o * Dm + m)];
+        y[static_cast<std::size_t>(t * Dm + o)] = static_cast<T>(acc);
+      }
+    return y;
+  };
+  const auto q = project("Wq", "bq"), k = project("Wk", "bk"), v = project("Wv", "bv");
+  const std::vector<std::int64_t> shape{B, S, H, D};
+
+  // Per-pair terms (each divided by the scale sqrt(d * scale_factor), as HF adds them).
+  const double scale = enc.logit_scale(D);
+  const auto n4 = static_cast<std::size_t>(B * H * S * S);
+  std::vector<T> c2c(n4), c2p(n4, T(0)), p2c(n4, T(0));
+  std::vector<double> rel_terms(n4, 0.0);
+  for (index_t b = 0; b < B; ++b)
+    for (index_t h = 0; h < H; ++h)
+      for (index_t i = 0; i < S; ++i)
+        for (index_t j = 0; j < S; ++j) {
+          const T* qi = q.data() + ((b * S + i) * H + h) * D;
+          const T* kj = k.data() + ((b * S + j) * H + h) * D;
+          const index_t row = enc.relative_row(i, j);
+          double cc = 0, cp = 0, pc = 0;
+          for (index_t e = 0; e < D; ++e) {
+            cc += double(qi[e]) * double(kj[e]);
+            if (cfg.c2p) cp += double(qi[e]) * double(enc.position_keys<T>(h)(row, e));
+            if (cfg.p2c) pc += double(kj[e]) * double(enc.position_queries<T>(h)(row, e));
+          }
+          const auto at = static_cast<std::size_t>(((b * H + h) * S + i) * S + j);
+          c2c[at] = static_cast<T>(cc * scale);
+          c2p[at] = static_cast<T>(cp * scale);
+          p2c[at] = static_cast<T>(pc * scale);
+          rel_terms[at] = (cp + pc) * scale;
+        }
+  if (c.param<bool>("store_score_terms", true)) {
+    r.add_real<T>("score_c2c", {B, H, S, S}, c2c);
+    if (cfg.c2p) r.add_real<T>("score_c2p", {B, H, S, S}, c2p);
+    if (cfg.p2c) r.add_real<T>("score_p2c", {B, H, S, S}, p2c);
+  }
+
+  // HF's attention_mask: keys through key_padding_mask, padded query rows through the encoding.
+  std::vector<std::int64_t> mask(static_cast<std::size_t>(B * S), 1);
+  if (c.has_input("attention_mask")) mask = c.ints("attention_mask");
+  const posenc::tensor_map<const std::int64_t, 2> mask_view(mask.data(), B, S);
+  const std::vector<std::int64_t> pad = posenc::deberta_key_padding_mask(mask_view);
+  posenc::attention_options opt;
+  opt.key_padding_mask = posenc::tensor_map<const std::int64_t, 2>(pad.data(), B, S);
+  visibility vis{B, S, S, false, offset_positions(B, S, 0), offset_positions(B, S, 0), pad};
+  attention_outputs<T>(env, r, q, shape, k, shape, v, shape, enc.with_attention_mask(mask_view), opt, vis, scale,
+                       [&](index_t b, index_t h, index_t i, index_t j) {
+                         return rel_terms[static_cast<std::size_t>(((b * H + h) * S + i) * S + j)];
+                       });
+  for (auto& o : r.outputs)
+    if (o.name == "out") {  // the context per head is HF's context_layer [B, S, H * d]
+      o.name = "context";
+      o.shape = {B, S, Dm};
+    }
   return r;
 }
 
@@ -692,6 +822,8 @@ constexpr kind_runner kinds[] = {
     {"t5", run_t5<double>, run_t5<float>},
     {"attention", run_attention<double>, run_attention<float>},
     {"tupe", run_tupe<double>, run_tupe<float>},
+    {"deberta", run_deberta<double>, run_deberta<float>},
+    {"deberta_buckets", run_deberta<double>, run_deberta<float>},
 };
 
 std::string supported_kinds() {

@@ -25,6 +25,7 @@
 
 #include "posenc/detail/bucket_bias.hpp"
 #include "posenc/detail/buckets.hpp"
+#include "posenc/detail/relative.hpp"
 #include "posenc/detail/table.hpp"
 #include "posenc/encoding.hpp"
 #include "posenc/error.hpp"

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "posenc/detail/buckets.hpp"
+#include "posenc/detail/relative.hpp"
 #include "posenc/detail/table.hpp"
 #include "posenc/encoding.hpp"
 #include "posenc/tensor.hpp"
@@ -29,17 +30,13 @@ class bucket_bias_table {
   bucket_bias_table(const t5_bucketizer* buckets, const tensor_map<const W, 2>* table, const call_info& info)
       : buckets_(buckets), table_(table) {
     if (info.q_max < info.q_min || info.k_max < info.k_min) return;  // nothing to attend
-    std::int64_t r_min = 0, r_max = 0, width = 0;
-    // Contiguous positions give span = q_len + k_len - 1; a sparse range this large (or one whose
-    // ends overflow int64) is served per element.
-    constexpr std::int64_t max_span = std::int64_t{1} << 24;
-    if (__builtin_sub_overflow(info.k_min, info.q_max, &r_min) ||
-        __builtin_sub_overflow(info.k_max, info.q_min, &r_max) || __builtin_sub_overflow(r_max, r_min, &width) ||
-        width >= max_span)
-      return;
+    // One bucket per key - query distance of the call; a pathological range is served per element.
+    const auto range = call_distance_range(info.k_min, info.k_max, info.q_min, info.q_max);
+    if (!range) return;
+    const std::int64_t r_min = range->lo;
     table_mode_ = true;
     r_min_ = r_min;
-    span_ = r_max - r_min + 1;
+    span_ = range->count();
     const auto span = static_cast<std::size_t>(span_);
     const index_t H = table->dimension(1);
     buckets_of_r_.resize(span);

@@ -13,6 +13,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
+#include <type_traits>
+
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include <Eigen/Core>
 
@@ -25,6 +31,25 @@ struct bucket_range {
   index_t lo = 0, hi = -1;
   [[nodiscard]] index_t count() const { return hi >= lo ? hi - lo + 1 : 0; }
 };
+
+/// The differences a - b of one call (a in [a_min, a_max], b in [b_min, b_max]: key minus query
+/// positions for T5, query minus key for DeBERTa), as the inclusive range an encoding tabulates once
+/// per call in bind(). Contiguous positions give q_len + k_len - 1 differences; nullopt when the range
+/// is wider than 2^24 (sparse, pathological positions) or its ends overflow int64: the encoding then
+/// serves each pair directly.
+struct distance_range {
+  std::int64_t lo = 0, hi = -1;
+  [[nodiscard]] std::int64_t count() const { return hi - lo + 1; }
+};
+[[nodiscard]] inline std::optional<distance_range> call_distance_range(std::int64_t a_min, std::int64_t a_max,
+                                                                       std::int64_t b_min, std::int64_t b_max) {
+  constexpr std::int64_t max_width = std::int64_t{1} << 24;
+  std::int64_t lo = 0, hi = 0, width = 0;
+  if (__builtin_sub_overflow(a_min, b_max, &lo) || __builtin_sub_overflow(a_max, b_min, &hi) ||
+      __builtin_sub_overflow(hi, lo, &width) || width >= max_width)
+    return std::nullopt;
+  return distance_range{lo, hi};
+}
 
 /// The buckets clip(k_pos - q_pos, -max_distance, max_distance) + max_distance that a tile with
 /// these positions can produce (Shaw's clipped relative distance, offset to a 0-based row).
@@ -67,6 +92,65 @@ void gather_add_by_col(const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Ei
                        bucket_range range, Bucket&& bucket, T scale, matrix_map<T> s) {
   for (index_t i = 0; i < s.rows(); ++i)
     for (index_t j = 0; j < s.cols(); ++j) s(i, j) += scale * prod(j, bucket(i, j) - range.lo);
+}
+
+// ---- gathers by precomputed bucket rows -------------------------------------------------------------
+// The per-element `bucket(i, j)` callables above suit a bucket formula that is cheap per pair. When
+// the bucket of a relative distance costs a logf (DeBERTa's log buckets), the encoding tabulates it
+// once per call and each tile row reads a run of that table: `row_buckets(i)` returns a pointer to
+// the cols bucket indices of row i (for contiguous key positions, a slice of the per-distance
+// table). The loops below then have no call and no branch per element, so they vectorize (an
+// indexed load per score on AVX2).
+
+/// One row of an indexed gather: out[j] += scale * base[j * stride + (idx[j] - lo) * mult], j < cols.
+/// With the products stored one table row per line (mult = the line length), stride 0 reads one
+/// query's column of them (query side), stride 1 reads key j's (key side). Indices are 32-bit: with
+/// AVX-512 / AVX2 the loads are one 32-bit-indexed gather per vector (the compiler's own
+/// vectorization widens the indices to 64 bits and gathers half as many elements per instruction).
+template <class T>
+void gather_add_row(T* out, const T* base, const std::int32_t* idx, std::int32_t lo, std::int32_t stride,
+                    std::int32_t mult, index_t cols, T scale) {
+  index_t j = 0;
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    const __m512 vs = _mm512_set1_ps(scale);
+    const __m512i vm = _mm512_set1_epi32(mult), vlo = _mm512_set1_epi32(lo), step = _mm512_set1_epi32(16 * stride);
+    __m512i off = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                     _mm512_set1_epi32(stride));
+    for (; j + 16 <= cols; j += 16) {
+      const __m512i c = _mm512_sub_epi32(_mm512_loadu_si512(idx + j), vlo);
+      const __m512i id = _mm512_add_epi32(_mm512_mullo_epi32(c, vm), off);
+      const __m512 g = _mm512_i32gather_ps(id, base, 4);
+      _mm512_storeu_ps(out + j, _mm512_fmadd_ps(vs, g, _mm512_loadu_ps(out + j)));
+      off = _mm512_add_epi32(off, step);
+    }
+  } else {
+    const __m512d vs = _mm512_set1_pd(scale);
+    const __m256i vm = _mm256_set1_epi32(mult), vlo = _mm256_set1_epi32(lo), step = _mm256_set1_epi32(8 * stride);
+    __m256i off = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(stride));
+    for (; j + 8 <= cols; j += 8) {
+      const __m256i c = _mm256_sub_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx + j)), vlo);
+      const __m256i id = _mm256_add_epi32(_mm256_mullo_epi32(c, vm), off);
+      const __m512d g = _mm512_i32gather_pd(id, base, 8);
+      _mm512_storeu_pd(out + j, _mm512_fmadd_pd(vs, g, _mm512_loadu_pd(out + j)));
+      off = _mm256_add_epi32(off, step);
+    }
+  }
+#elif defined(__AVX2__) && defined(__FMA__)
+  if constexpr (std::is_same_v<T, float>) {
+    const __m256 vs = _mm256_set1_ps(scale);
+    const __m256i vm = _mm256_set1_epi32(mult), vlo = _mm256_set1_epi32(lo), step = _mm256_set1_epi32(8 * stride);
+    __m256i off = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(stride));
+    for (; j + 8 <= cols; j += 8) {
+      const __m256i c = _mm256_sub_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx + j)), vlo);
+      const __m256i id = _mm256_add_epi32(_mm256_mullo_epi32(c, vm), off);
+      const __m256 g = _mm256_i32gather_ps(base, id, 4);
+      _mm256_storeu_ps(out + j, _mm256_fmadd_ps(vs, g, _mm256_loadu_ps(out + j)));
+      off = _mm256_add_epi32(off, step);
+    }
+  }
+#endif
+  for (; j < cols; ++j) out[j] += scale * base[static_cast<std::int32_t>(j) * stride + (idx[j] - lo) * mult];
 }
 
 }  // namespace posenc::detail

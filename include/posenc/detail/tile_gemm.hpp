@@ -40,6 +40,8 @@ class tile_gemm {
  public:
   /// Rows of A per micro-panel: a packed A's row prefix is itself a packed A only at multiples of it.
   static constexpr index_t a_panel = traits::mr;
+  /// Columns of B per micro-panel: a packed B's column prefix is itself a packed B only at multiples of it.
+  static constexpr index_t b_panel = traits::nr;
   /// Rows after which an operand may be packed piecewise: packing rows [0, r) and [r, n) at offset
   /// r * depth gives the layout of packing all n rows at once, for pack_a and pack_b alike, when r is
   /// a multiple of this (whole micro-panels of A, mr rows, and of B, nr columns).
