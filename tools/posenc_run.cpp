@@ -675,6 +675,9 @@ results run_tupe(const run_env& env) {
                        [&](index_t, index_t h, index_t i, index_t j) {
                          return bias[static_cast<std::size_t>((h * S + i) * S + j)];
                        });
+  return r;
+}
+
 /// 5.8 deberta / 5.9 deberta_buckets: DeBERTa-v2/v3 disentangled attention. The case's params go
 /// through posenc/io/deberta.hpp (the config.json reader); the host's part (hidden -> Q, K, V, split
 /// into heads) is done here in double; `context` comes from the fused kernel with HF's
