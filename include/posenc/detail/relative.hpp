@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include <Eigen/Core>
 
@@ -51,6 +52,103 @@ void relative_products(const X& x, const Table& table, bucket_range range,
   prod.resize(x.rows(), range.count());
   if (range.count() == 0) return;
   prod.noalias() = x * table.middleRows(range.lo, range.count()).transpose();
+}
+
+/// prod = alpha * x * table.middleRows(range)^T into caller memory ([x.rows() x range.count()]): the
+/// form for hooks that must not allocate per tile. alpha rides on the product (GEMM's alpha), so a
+/// logit scale costs nothing here and nothing in the gather.
+template <class T, class X, class Table>
+void relative_products(const X& x, const Table& table, bucket_range range, T alpha, matrix_map<T> prod) {
+  if (range.count() == 0 || x.rows() == 0) return;
+  prod.noalias() = (alpha * x) * table.middleRows(range.lo, range.count()).transpose();
+}
+
+/// A growable buffer of the calling thread, for per-tile scratch of hooks that run on pool threads
+/// (const, called concurrently: no shared mutable state, and no allocation once it is large enough).
+template <class T>
+[[nodiscard]] T* thread_buffer(index_t n) {
+  thread_local std::vector<T> buffer;
+  if (static_cast<index_t>(buffer.size()) < n) buffer.resize(static_cast<std::size_t>(n));
+  return buffer.data();
+}
+
+/// Whether positions are p[0], p[0] + 1, ... (the usual key block: no packing, no padding holes).
+[[nodiscard]] inline bool consecutive_positions(const std::int64_t* p, index_t n) {
+  bool ok = true;
+  for (index_t j = 1; j < n; ++j) ok &= p[j] == p[0] + j;
+  return ok;
+}
+
+/// One query row against consecutive keys k_first, k_first + 1, ..., k_first + cols - 1 under
+/// clip(k - q, -max_distance, max_distance): columns [0, below) are clipped to bucket 0, columns
+/// [below, inside_end) take bucket first + j, columns [inside_end, cols) are clipped to bucket
+/// 2 max_distance. Lets a gather run as two constant fills and one contiguous copy, branch-free.
+struct clipped_segments {
+  index_t below = 0, inside_end = 0;
+  std::int64_t first = 0;  ///< bucket of column 0 before clipping (r + max_distance)
+};
+[[nodiscard]] inline clipped_segments clipped_row_segments(std::int64_t q_pos, std::int64_t k_first, index_t cols,
+                                                           std::int64_t max_distance) {
+  const std::int64_t r0 = k_first - q_pos;
+  clipped_segments c;
+  c.below = static_cast<index_t>(std::clamp<std::int64_t>(-max_distance - r0, 0, cols));
+  c.inside_end = static_cast<index_t>(std::clamp<std::int64_t>(max_distance - r0 + 1, 0, cols));
+  c.first = r0 + max_distance;
+  return c;
+}
+
+/// Shaw's query-side gather: s(i, j) += prod(i, clip(k_pos[j] - q_pos[i], -K, K) + K - range.lo),
+/// prod from relative_products over `range` (clipped_relative_range of the same positions).
+/// Consecutive key positions: per row two constant segments and one contiguous slice.
+template <class T>
+void gather_add_clipped(const const_matrix_map<T>& prod, bucket_range range, const std::int64_t* q_pos,
+                        const std::int64_t* k_pos, std::int64_t max_distance, matrix_map<T> s) {
+  const index_t rows = s.rows(), cols = s.cols();
+  if (consecutive_positions(k_pos, cols)) {
+    for (index_t i = 0; i < rows; ++i) {
+      const T* p = prod.data() + i * prod.outerStride();  // p[bucket - range.lo]
+      T* row = s.data() + i * s.outerStride();
+      const clipped_segments c = clipped_row_segments(q_pos[i], k_pos[0], cols, max_distance);
+      if (c.below > 0) {
+        const T v = p[0 - range.lo];
+        for (index_t j = 0; j < c.below; ++j) row[j] += v;
+      }
+      const std::int64_t mid = c.first - range.lo;  // p[mid + j] for the unclipped columns
+      for (index_t j = c.below; j < c.inside_end; ++j) row[j] += p[mid + j];
+      if (c.inside_end < cols) {
+        const T v = p[2 * max_distance - range.lo];
+        for (index_t j = c.inside_end; j < cols; ++j) row[j] += v;
+      }
+    }
+    return;
+  }
+  for (index_t i = 0; i < rows; ++i) {
+    const T* p = prod.data() + i * prod.outerStride();
+    T* row = s.data() + i * s.outerStride();
+    for (index_t j = 0; j < cols; ++j)
+      row[j] += p[clipped_relative_bucket(q_pos[i], k_pos[j], max_distance) - range.lo];
+  }
+}
+
+/// idx(i, j) = clip(k_pos[j] - q_pos[i], -K, K) + K for every pair of a tile (Shaw's value buckets).
+inline void clipped_buckets(const std::int64_t* q_pos, const std::int64_t* k_pos, std::int64_t max_distance,
+                            index_tile idx) {
+  const index_t rows = idx.rows(), cols = idx.cols();
+  const auto top = static_cast<std::int32_t>(2 * max_distance);
+  if (consecutive_positions(k_pos, cols)) {
+    for (index_t i = 0; i < rows; ++i) {
+      std::int32_t* row = idx.data() + i * idx.outerStride();
+      const clipped_segments c = clipped_row_segments(q_pos[i], k_pos[0], cols, max_distance);
+      for (index_t j = 0; j < c.below; ++j) row[j] = 0;
+      const auto first = static_cast<std::int32_t>(c.first);
+      for (index_t j = c.below; j < c.inside_end; ++j) row[j] = first + static_cast<std::int32_t>(j);
+      for (index_t j = c.inside_end; j < cols; ++j) row[j] = top;
+    }
+    return;
+  }
+  for (index_t i = 0; i < rows; ++i)
+    for (index_t j = 0; j < cols; ++j)
+      idx(i, j) = static_cast<std::int32_t>(clipped_relative_bucket(q_pos[i], k_pos[j], max_distance));
 }
 
 /// Query-side gather: s(i, j) += scale * prod(i, bucket(i, j) - range.lo).
