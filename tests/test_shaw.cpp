@@ -372,7 +372,7 @@ TEST_CASE("shaw: argument errors name the table and leave out untouched", "[shaw
   CHECK_NOTHROW(call(posenc::shaw_relative<double>(t2(w.data(), 9, 8), t3(w.data(), 9, 4, 6))));
 }
 
-TEST_CASE("shaw: golden case (rel_index, out; fused in double with small tiles and in float)", "[shaw][golden]") {
+TEST_CASE("shaw: golden case, rel_index and out, fused in double (small tiles) and in float", "[shaw][golden]") {
   const auto c = golden::load("shaw_k8_bidirectional_right_padded");
   const idx K = c.params().at("max_relative_position").get<idx>();
   const bool causal = c.params().at("causal").get<bool>();
