@@ -505,6 +505,10 @@ TEST_CASE("shaw io: CTranslate2 names, OpenNMT-py's shared table, and shape erro
                       Catch::Contains("max_relative_positions"));
     CHECK_THROWS_WITH(posenc::io::shaw_config_from_opennmt(nlohmann::json::object()),
                       Catch::Contains("max_relative_positions"));
+    CHECK_THROWS_WITH(posenc::io::shaw_config_from_opennmt({{"max_relative_positions", 8}, {"use_neg_dist", false}}),
+                      Catch::Contains("use_neg_dist"));
+    CHECK(posenc::io::shaw_config_from_opennmt({{"max_relative_positions", 8}, {"use_neg_dist", true}})
+              .max_relative_position == 8);
   }
   SECTION("the loaded tables against a call that does not fit") {
     posenc::io::safetensors_writer w;

@@ -131,12 +131,15 @@ template <class W>
 }
 
 /// k from an OpenNMT-py option set / config (max_relative_positions > 0 selects Shaw's encoding;
-/// 0 is none, -1 RoPE and -2 ALiBi there, which are not this family).
+/// 0 is none, -1 RoPE and -2 ALiBi there, which are not this family; use_neg_dist must not be false).
 [[nodiscard]] inline shaw_config shaw_config_from_opennmt(const nlohmann::json& opt) {
   const auto k = detail::need<index_t>(opt, {"max_relative_positions", "max_relative_position",
                                              "maximum_relative_position"},
                                        "Shaw relative positions");
   require(k > 0, "max_relative_positions", "must be > 0 for Shaw relative positions", k);
+  // use_neg_dist = false folds distances to |j - i| over k + 1 rows: another encoding.
+  const auto neg = detail::get<bool>(opt, {"use_neg_dist"});
+  require(neg.value_or(true), "use_neg_dist", "false (distances folded to |j - i|) is not Shaw's signed form");
   return {.max_relative_position = k};
 }
 
