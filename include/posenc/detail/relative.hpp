@@ -8,7 +8,10 @@
 // short range [lo, hi] (positions of a tile are close together), so the tile needs only
 //   P = X * R[lo..hi]^T        (rows x (hi-lo+1), one small GEMM per tile)
 // and then a gather s(i, j) += scale * P(i, bucket(i, j) - lo). The same helper serves the key side
-// (p2c): X = the key tile and the gather reads P(j, bucket(i, j) - lo).
+// (p2c): X = the key tile and the gather reads P(j, bucket(i, j) - lo). For Shaw's clipped buckets
+// over consecutive key positions each query row of the gather is two constant runs (distances
+// clipped to -k and +k) and one contiguous slice of P (gather_add_clipped, clipped_buckets), and a
+// tile whose range is one bucket needs no gather at all.
 #pragma once
 
 #include <algorithm>
