@@ -291,11 +291,21 @@ TEST_CASE("shaw: the tile hooks directly (one bucket, straddling, non-consecutiv
   REQUIRE(b.value_bucket_count() == R);
   REQUIRE(b.value_table<double>(0).data() == wv.data());  // viewed, not copied
 
-  const std::vector<std::int64_t> qp = {10, 11, 12};
+  const std::vector<std::int64_t> near = {10, 11, 12}, extreme = {INT64_MAX, INT64_MIN, 0};
   const std::vector<std::int64_t> far_right = {20, 21, 22, 23}, far_left = {0, 1, 2, 3, 4, 5, 6},
-                                  band = {6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, scattered = {12, 3, 30, 10, 9, 11};
+                                  band = {6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, scattered = {12, 3, 30, 10, 9, 11},
+                                  top = {INT64_MAX - 2, INT64_MAX - 1, INT64_MAX},
+                                  bottom = {INT64_MIN, INT64_MIN + 1, INT64_MIN + 2};
   const auto q = test_util::randn(static_cast<std::size_t>(3 * D), 43);
-  for (const auto* kp : {&far_right, &far_left, &band, &scattered}) {
+  struct pair_set {
+    const std::vector<std::int64_t>* q;
+    const std::vector<std::int64_t>* k;
+  };
+  // Positions at the ends of int64 (caller data): distances saturate instead of overflowing.
+  for (const auto [qpp, kp] : {pair_set{&near, &far_right}, pair_set{&near, &far_left}, pair_set{&near, &band},
+                               pair_set{&near, &scattered}, pair_set{&extreme, &band}, pair_set{&extreme, &top},
+                               pair_set{&extreme, &bottom}, pair_set{&near, &top}}) {
+    const std::vector<std::int64_t>& qp = *qpp;
     const idx rows = 3, cols = static_cast<idx>(kp->size()), stride = cols + 2;
     const posenc::tile<double> t{.rows = rows, .cols = cols, .q_pos = qp.data(), .k_pos = kp->data(),
                                  .q = posenc::const_matrix_map<double>(q.data(), rows, D, Eigen::OuterStride<>(D))};
@@ -313,8 +323,8 @@ TEST_CASE("shaw: the tile hooks directly (one bucket, straddling, non-consecutiv
           REQUIRE(got == 0.25);  // beyond the tile: untouched
           continue;
         }
-        const std::int64_t r = (*kp)[static_cast<std::size_t>(j)] - qp[static_cast<std::size_t>(i)];
-        const idx bucket = std::clamp<std::int64_t>(r, -K, K) + K;
+        const __int128 r = static_cast<__int128>((*kp)[static_cast<std::size_t>(j)]) - qp[static_cast<std::size_t>(i)];
+        const idx bucket = static_cast<idx>(std::clamp<__int128>(r, -K, K) + K);
         double dot = 0;
         for (idx d = 0; d < D; ++d) dot += q[static_cast<std::size_t>(i * D + d)] * wk[static_cast<std::size_t>(bucket * D + d)];
         REQUIRE(std::abs(got - (0.25 + scale * dot)) <= 1e-14);

@@ -24,6 +24,14 @@
 
 namespace posenc::detail {
 
+/// key - query, saturated to the int64 range (positions are caller data; a difference that overflows
+/// is beyond any clipping distance anyway).
+[[nodiscard]] inline std::int64_t relative_distance(std::int64_t q_pos, std::int64_t k_pos) {
+  std::int64_t r = 0;
+  if (__builtin_sub_overflow(k_pos, q_pos, &r)) return k_pos > q_pos ? INT64_MAX : INT64_MIN;
+  return r;
+}
+
 /// Inclusive range of bucket indices a tile can produce.
 struct bucket_range {
   index_t lo = 0, hi = -1;
@@ -39,12 +47,13 @@ struct bucket_range {
   const auto [qmin, qmax] = std::minmax_element(q_pos, q_pos + rows);
   const auto [kmin, kmax] = std::minmax_element(k_pos, k_pos + cols);
   auto clip = [&](std::int64_t r) { return std::clamp(r, -max_distance, max_distance) + max_distance; };
-  return {static_cast<index_t>(clip(*kmin - *qmax)), static_cast<index_t>(clip(*kmax - *qmin))};
+  return {static_cast<index_t>(clip(relative_distance(*qmax, *kmin))),
+          static_cast<index_t>(clip(relative_distance(*qmin, *kmax)))};
 }
 
 /// Clipped relative bucket of one pair (same formula as clipped_relative_range).
 [[nodiscard]] inline index_t clipped_relative_bucket(std::int64_t q_pos, std::int64_t k_pos, std::int64_t max_distance) {
-  return static_cast<index_t>(std::clamp(k_pos - q_pos, -max_distance, max_distance) + max_distance);
+  return static_cast<index_t>(std::clamp(relative_distance(q_pos, k_pos), -max_distance, max_distance) + max_distance);
 }
 
 /// prod = x * table.middleRows(range)^T: the products of every tile row with just the table rows
@@ -78,7 +87,7 @@ template <class T>
 /// Whether positions are p[0], p[0] + 1, ... (the usual key block: no packing, no padding holes).
 [[nodiscard]] inline bool consecutive_positions(const std::int64_t* p, index_t n) {
   bool ok = true;
-  for (index_t j = 1; j < n; ++j) ok &= p[j] == p[0] + j;
+  for (index_t j = 1; j < n; ++j) ok &= p[j - 1] != INT64_MAX && p[j] == p[j - 1] + 1;
   return ok;
 }
 
@@ -92,7 +101,10 @@ struct clipped_segments {
 };
 [[nodiscard]] inline clipped_segments clipped_row_segments(std::int64_t q_pos, std::int64_t k_first, index_t cols,
                                                            std::int64_t max_distance) {
-  const std::int64_t r0 = k_first - q_pos;
+  // r0 clamped to a range where the arithmetic below cannot overflow and the segments are unchanged
+  // (cols and max_distance are far below 2^60).
+  constexpr std::int64_t lim = std::int64_t{1} << 60;
+  const std::int64_t r0 = std::clamp(relative_distance(q_pos, k_first), -lim, lim);
   clipped_segments c;
   c.below = static_cast<index_t>(std::clamp<std::int64_t>(-max_distance - r0, 0, cols));
   c.inside_end = static_cast<index_t>(std::clamp<std::int64_t>(max_distance - r0 + 1, 0, cols));
