@@ -45,6 +45,7 @@
 #include "posenc/io/hf_config.hpp"
 #include "posenc/io/safetensors.hpp"
 #include "posenc/rope.hpp"
+#include "posenc/shaw.hpp"
 #include "posenc/sinusoidal.hpp"
 #include "posenc/t5.hpp"
 #include "posenc/tupe.hpp"
@@ -806,6 +807,46 @@ results run_deberta(const run_env& env) {
       o.name = "context";
       o.shape = {B, S, Dm};
     }
+/// 5.6 shaw: rel_index and attention with a^K inside the scale and a^V added to the values; the
+/// tables rel_k / rel_v are [2k+1, D] (shared) or [2k+1, H, D] (per head).
+template <class T>
+results run_shaw(const run_env& env) {
+  const case_data& c = env.c;
+  const auto K = c.need<index_t>("max_relative_position");
+  const std::int64_t q_offset = c.param<std::int64_t>("q_offset", 0);
+  const auto qs = c.shape("q"), ks = c.shape("k"), vs = c.shape("v");
+  const index_t B = qs[0], Sq = qs[1], H = qs[2], D = qs[3], Sk = ks[1];
+  const auto wk = c.real<T>("rel_k"), wv = c.real<T>("rel_v");
+  const auto table = [&](const std::vector<T>& w, const std::string& name) {
+    const auto s = c.shape(name);
+    posenc::require(s.size() == 2 || s.size() == 3, name, "must be [2k+1, D] or [2k+1, H, D]", "rank ", s.size());
+    return s.size() == 2 ? posenc::shaw_table<T>(w.data(), s[0], 0, s[1]) : posenc::shaw_table<T>(w.data(), s[0], s[1], s[2]);
+  };
+  const posenc::shaw_relative<T> enc(table(wk, "rel_k"), table(wv, "rel_v"), {.max_relative_position = K});
+
+  results r;
+  std::vector<std::int64_t> rel_index(static_cast<std::size_t>(Sq * Sk));
+  for (index_t i = 0; i < Sq; ++i)
+    for (index_t j = 0; j < Sk; ++j) rel_index[static_cast<std::size_t>(i * Sk + j)] = enc.bucket(q_offset + i, j);
+  r.add_ints("rel_index", {Sq, Sk}, rel_index);
+
+  posenc::attention_options opt{.causal = c.need<bool>("causal"), .q_offset = q_offset};
+  visibility vis{B, Sq, Sk, opt.causal, offset_positions(B, Sq, q_offset), offset_positions(B, Sk, 0), {}};
+  std::vector<std::int64_t> pad;
+  read_padding(c, opt, vis, pad, B, Sk);
+  const auto q = c.real<T>("q");
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  // probs: the key term lives inside the scale, so it enters the scores as scale * q_i . a^K_ij.
+  const posenc::shaw_table<T> ak = enc.keys();
+  attention_outputs<T>(env, r, q, qs, c.real<T>("k"), ks, c.real<T>("v"), vs, enc, opt, vis, scale,
+                       [&](index_t b, index_t h, index_t i, index_t j) {
+                         const T* qi = q.data() + ((b * Sq + i) * H + h) * D;
+                         const index_t row = rel_index[static_cast<std::size_t>(i * Sk + j)];
+                         double dot = 0;
+                         for (index_t d = 0; d < D; ++d)
+                           dot += static_cast<double>(qi[d]) * static_cast<double>(ak.at(row, h, d));
+                         return scale * dot;
+                       });
   return r;
 }
 
@@ -823,6 +864,7 @@ constexpr kind_runner kinds[] = {
     {"rope_attention", run_rope_attention<double>, run_rope_attention<float>},
     {"alibi", run_alibi<double>, run_alibi<float>},
     {"t5", run_t5<double>, run_t5<float>},
+    {"shaw", run_shaw<double>, run_shaw<float>},
     {"attention", run_attention<double>, run_attention<float>},
     {"tupe", run_tupe<double>, run_tupe<float>},
     {"deberta", run_deberta<double>, run_deberta<float>},

@@ -8,13 +8,17 @@
 // short range [lo, hi] (positions of a tile are close together), so the tile needs only
 //   P = X * R[lo..hi]^T        (rows x (hi-lo+1), one small GEMM per tile)
 // and then a gather s(i, j) += scale * P(i, bucket(i, j) - lo). The same helper serves the key side
-// (p2c): X = the key tile and the gather reads P(j, bucket(i, j) - lo).
+// (p2c): X = the key tile and the gather reads P(j, bucket(i, j) - lo). For Shaw's clipped buckets
+// over consecutive key positions each query row of the gather is two constant runs (distances
+// clipped to -k and +k) and one contiguous slice of P (gather_add_clipped, clipped_buckets), and a
+// tile whose range is one bucket needs no gather at all.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <type_traits>
+#include <vector>
 
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
@@ -25,6 +29,14 @@
 #include "posenc/encoding.hpp"
 
 namespace posenc::detail {
+
+/// key - query, saturated to the int64 range (positions are caller data; a difference that overflows
+/// is beyond any clipping distance anyway).
+[[nodiscard]] inline std::int64_t relative_distance(std::int64_t q_pos, std::int64_t k_pos) {
+  std::int64_t r = 0;
+  if (__builtin_sub_overflow(k_pos, q_pos, &r)) return k_pos > q_pos ? INT64_MAX : INT64_MIN;
+  return r;
+}
 
 /// Inclusive range of bucket indices a tile can produce.
 struct bucket_range {
@@ -60,12 +72,13 @@ struct distance_range {
   const auto [qmin, qmax] = std::minmax_element(q_pos, q_pos + rows);
   const auto [kmin, kmax] = std::minmax_element(k_pos, k_pos + cols);
   auto clip = [&](std::int64_t r) { return std::clamp(r, -max_distance, max_distance) + max_distance; };
-  return {static_cast<index_t>(clip(*kmin - *qmax)), static_cast<index_t>(clip(*kmax - *qmin))};
+  return {static_cast<index_t>(clip(relative_distance(*qmax, *kmin))),
+          static_cast<index_t>(clip(relative_distance(*qmin, *kmax)))};
 }
 
 /// Clipped relative bucket of one pair (same formula as clipped_relative_range).
 [[nodiscard]] inline index_t clipped_relative_bucket(std::int64_t q_pos, std::int64_t k_pos, std::int64_t max_distance) {
-  return static_cast<index_t>(std::clamp(k_pos - q_pos, -max_distance, max_distance) + max_distance);
+  return static_cast<index_t>(std::clamp(relative_distance(q_pos, k_pos), -max_distance, max_distance) + max_distance);
 }
 
 /// prod = x * table.middleRows(range)^T: the products of every tile row with just the table rows
@@ -76,6 +89,106 @@ void relative_products(const X& x, const Table& table, bucket_range range,
   prod.resize(x.rows(), range.count());
   if (range.count() == 0) return;
   prod.noalias() = x * table.middleRows(range.lo, range.count()).transpose();
+}
+
+/// prod = alpha * x * table.middleRows(range)^T into caller memory ([x.rows() x range.count()]): the
+/// form for hooks that must not allocate per tile. alpha rides on the product (GEMM's alpha), so a
+/// logit scale costs nothing here and nothing in the gather.
+template <class T, class X, class Table>
+void relative_products(const X& x, const Table& table, bucket_range range, T alpha, matrix_map<T> prod) {
+  if (range.count() == 0 || x.rows() == 0) return;
+  prod.noalias() = (alpha * x) * table.middleRows(range.lo, range.count()).transpose();
+}
+
+/// A growable buffer of the calling thread, for per-tile scratch of hooks that run on pool threads
+/// (const, called concurrently: no shared mutable state, and no allocation once it is large enough).
+template <class T>
+[[nodiscard]] T* thread_buffer(index_t n) {
+  thread_local std::vector<T> buffer;
+  if (static_cast<index_t>(buffer.size()) < n) buffer.resize(static_cast<std::size_t>(n));
+  return buffer.data();
+}
+
+/// Whether positions are p[0], p[0] + 1, ... (the usual key block: no packing, no padding holes).
+[[nodiscard]] inline bool consecutive_positions(const std::int64_t* p, index_t n) {
+  bool ok = true;
+  for (index_t j = 1; j < n; ++j) ok &= p[j - 1] != INT64_MAX && p[j] == p[j - 1] + 1;
+  return ok;
+}
+
+/// One query row against consecutive keys k_first, k_first + 1, ..., k_first + cols - 1 under
+/// clip(k - q, -max_distance, max_distance): columns [0, below) are clipped to bucket 0, columns
+/// [below, inside_end) take bucket first + j, columns [inside_end, cols) are clipped to bucket
+/// 2 max_distance. Lets a gather run as two constant fills and one contiguous copy, branch-free.
+struct clipped_segments {
+  index_t below = 0, inside_end = 0;
+  std::int64_t first = 0;  ///< bucket of column 0 before clipping (r + max_distance)
+};
+[[nodiscard]] inline clipped_segments clipped_row_segments(std::int64_t q_pos, std::int64_t k_first, index_t cols,
+                                                           std::int64_t max_distance) {
+  // r0 clamped to a range where the arithmetic below cannot overflow and the segments are unchanged
+  // (cols and max_distance are far below 2^60).
+  constexpr std::int64_t lim = std::int64_t{1} << 60;
+  const std::int64_t r0 = std::clamp(relative_distance(q_pos, k_first), -lim, lim);
+  clipped_segments c;
+  c.below = static_cast<index_t>(std::clamp<std::int64_t>(-max_distance - r0, 0, cols));
+  c.inside_end = static_cast<index_t>(std::clamp<std::int64_t>(max_distance - r0 + 1, 0, cols));
+  c.first = r0 + max_distance;
+  return c;
+}
+
+/// Shaw's query-side gather: s(i, j) += prod(i, clip(k_pos[j] - q_pos[i], -K, K) + K - range.lo),
+/// prod from relative_products over `range` (clipped_relative_range of the same positions).
+/// Consecutive key positions: per row two constant segments and one contiguous slice.
+template <class T>
+void gather_add_clipped(const const_matrix_map<T>& prod, bucket_range range, const std::int64_t* q_pos,
+                        const std::int64_t* k_pos, std::int64_t max_distance, matrix_map<T> s) {
+  const index_t rows = s.rows(), cols = s.cols();
+  if (consecutive_positions(k_pos, cols)) {
+    for (index_t i = 0; i < rows; ++i) {
+      const T* p = prod.data() + i * prod.outerStride();  // p[bucket - range.lo]
+      T* row = s.data() + i * s.outerStride();
+      const clipped_segments c = clipped_row_segments(q_pos[i], k_pos[0], cols, max_distance);
+      if (c.below > 0) {
+        const T v = p[0 - range.lo];
+        for (index_t j = 0; j < c.below; ++j) row[j] += v;
+      }
+      const std::int64_t mid = c.first - range.lo;  // p[mid + j] for the unclipped columns
+      for (index_t j = c.below; j < c.inside_end; ++j) row[j] += p[mid + j];
+      if (c.inside_end < cols) {
+        const T v = p[2 * max_distance - range.lo];
+        for (index_t j = c.inside_end; j < cols; ++j) row[j] += v;
+      }
+    }
+    return;
+  }
+  for (index_t i = 0; i < rows; ++i) {
+    const T* p = prod.data() + i * prod.outerStride();
+    T* row = s.data() + i * s.outerStride();
+    for (index_t j = 0; j < cols; ++j)
+      row[j] += p[clipped_relative_bucket(q_pos[i], k_pos[j], max_distance) - range.lo];
+  }
+}
+
+/// idx(i, j) = clip(k_pos[j] - q_pos[i], -K, K) + K for every pair of a tile (Shaw's value buckets).
+inline void clipped_buckets(const std::int64_t* q_pos, const std::int64_t* k_pos, std::int64_t max_distance,
+                            index_tile idx) {
+  const index_t rows = idx.rows(), cols = idx.cols();
+  const auto top = static_cast<std::int32_t>(2 * max_distance);
+  if (consecutive_positions(k_pos, cols)) {
+    for (index_t i = 0; i < rows; ++i) {
+      std::int32_t* row = idx.data() + i * idx.outerStride();
+      const clipped_segments c = clipped_row_segments(q_pos[i], k_pos[0], cols, max_distance);
+      for (index_t j = 0; j < c.below; ++j) row[j] = 0;
+      const auto first = static_cast<std::int32_t>(c.first);
+      for (index_t j = c.below; j < c.inside_end; ++j) row[j] = first + static_cast<std::int32_t>(j);
+      for (index_t j = c.inside_end; j < cols; ++j) row[j] = top;
+    }
+    return;
+  }
+  for (index_t i = 0; i < rows; ++i)
+    for (index_t j = 0; j < cols; ++j)
+      idx(i, j) = static_cast<std::int32_t>(clipped_relative_bucket(q_pos[i], k_pos[j], max_distance));
 }
 
 /// Query-side gather: s(i, j) += scale * prod(i, bucket(i, j) - range.lo).
