@@ -807,6 +807,9 @@ results run_deberta(const run_env& env) {
       o.name = "context";
       o.shape = {B, S, Dm};
     }
+  return r;
+}
+
 /// 5.6 shaw: rel_index and attention with a^K inside the scale and a^V added to the values; the
 /// tables rel_k / rel_v are [2k+1, D] (shared) or [2k+1, H, D] (per head).
 template <class T>
