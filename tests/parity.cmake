@@ -7,8 +7,8 @@ if(NOT TARGET posenc-run)
   return()
 endif()
 
-set(POSENC_PARITY_KINDS sinusoidal rope rope_attention alibi t5 attention)
-set(_attention_kinds rope_attention alibi t5 attention)
+set(POSENC_PARITY_KINDS sinusoidal rope rope_attention alibi t5 transformer_xl attention)
+set(_attention_kinds rope_attention alibi t5 transformer_xl attention)
 
 file(GLOB _cases CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/data/*.json)
 set(_count 0)

@@ -1,0 +1,392 @@
+// posenc/transformer_xl.hpp — Transformer-XL relative attention (Dai et al. 2019, sec. 3.3, the
+// score decomposition (a)-(d) with the global biases u and v): the official
+// RelPartialLearnableMultiHeadAttn of kimiyoung/transformer-xl (pytorch/mem_transformer.py) and
+// Hugging Face's deprecated transfo-xl port (modeling_transfo_xl.py), fused into the kernel.
+//
+// Queries are the current segment, keys and values the memory of mlen earlier positions followed
+// by the segment (klen = mlen + qlen); query i sits at position mlen + i, key j at j. With the
+// distance dist = q_pos - k_pos (clamped to clamp_len when clamp_len > 0, HF pos_seq.clamp_(max=)),
+//   R_dist  = [sin(dist w) | cos(dist w)], w_f = 10000^(-2f/d_model)   (PositionalEmbedding, concat)
+//   r_h     = (W_R R_dist)[h*D .. h*D+D)                           (r_net: [H*D, d_model], no bias)
+//   s_ij    = ((q_i + u_h) . k_j + (q_i + v_h) . r_h(dist)) * scale,   scale = 1/sqrt(d_head)
+// with u = r_w_bias and v = r_r_bias ([H, D]). Keys in the future of a query (dist < 0) are never
+// visible: the official model is causal (dec_attn_mask = triu(ones, 1 + mlen)) and its R is only
+// defined for dist >= 0 (pos_seq = klen-1 .. 0), so the encoding masks them itself; pass
+// attention_options::causal too, so the kernel skips the tiles above the diagonal
+// (transformer_xl_options below). With same_length, a query also ignores keys at dist >= mem_len:
+// HF/official build that mask as triu(ones, 1 + mlen) + tril(ones, -mask_shift_len) with
+// mask_shift_len = qlen - (klen - mem_len) when klen > mem_len, which is exactly "dist >= mem_len"
+// (and nothing when klen <= mem_len, where no key is that far).
+//
+// How the terms are fused (never the official rel_shift of a [qlen, klen] matrix, which the tests
+// reproduce on small inputs):
+//  * bind computes, once per call, r_h(dist) for exactly the distances the call can see
+//    ([max(0, q_min - k_max), q_max - k_min], clamped; O(klen x H x D), the size of K), in the
+//    call's scalar type, stored per head with the largest distance first, and c_h(dist) = v_h . r_h(dist).
+//  * per tile, the (q+v).r term is one small product P = Q_tile R_h[tile's distances]^T (rows x
+//    (rows + cols - 1) at most, fewer when clamp_len caps the distances) plus c, then a gather by
+//    distance: for contiguous key positions each query row reads a contiguous slice of P, so the
+//    gather is a plain vectorizable add (detail/relative.hpp gives the range arithmetic).
+//  * the u.k term is one number per key and head, u_h . k_j, a GEMV over the tile's keys (1/rows
+//    of the q.k product) added in the same pass as the gather. Chosen over a Q transform
+//    q' = q + u: a transform makes the kernel copy the queries, and, until it can be told that
+//    keys need no transform, the keys as well (an O(klen d) copy per kv head and a pass over K), and
+//    hooks would then see q' where the (q+v).r product needs q (it would need q' + (v - u)).
+//
+//   posenc::transformer_xl<float> enc(r_net_weight, r_w_bias, r_r_bias,
+//                                     {.d_model = 512, .n_head = 8, .d_head = 64, .clamp_len = 1000});
+//   posenc::attention(q, k, v, out, enc, posenc::transformer_xl_options(q_len, k_len));
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include "posenc/detail/relative.hpp"
+#include "posenc/detail/sinusoid.hpp"
+#include "posenc/detail/table.hpp"
+#include "posenc/detail/thread.hpp"
+#include "posenc/encoding.hpp"
+#include "posenc/error.hpp"
+#include "posenc/options.hpp"
+#include "posenc/tensor.hpp"
+
+namespace posenc {
+
+/// Transformer-XL attention parameters, with Hugging Face TransfoXLConfig names.
+struct transformer_xl_config {
+  index_t d_model = 0;           ///< width of the sinusoid R and input width of r_net (even)
+  index_t n_head = 0;            ///< H
+  index_t d_head = 0;            ///< D
+  index_t mem_len = 0;           ///< memory length; only same_length reads it
+  std::int64_t clamp_len = -1;   ///< > 0: distances above it use R_clamp_len; <= 0: no clamping
+  bool same_length = false;      ///< every query sees at most mem_len keys (dist < mem_len)
+};
+
+/// The options of a Transformer-XL call over q_len queries and k_len = mlen + q_len keys: causal,
+/// queries at positions mlen + i (FORMAT.md 3: q_offset is the memory length).
+[[nodiscard]] inline attention_options transformer_xl_options(index_t q_len, index_t k_len,
+                                                              attention_options base = {}) {
+  require(q_len >= 0 && k_len >= q_len, "k_len", "must be >= q_len (memory first, then the segment)", k_len,
+          " keys for ", q_len, " queries");
+  base.causal = true;
+  base.q_offset = k_len - q_len;
+  return base;
+}
+
+namespace detail {
+
+/// Per-thread scratch of the Transformer-XL tile hook (thread_scratch keeps it between tiles).
+template <class T>
+struct transformer_xl_scratch {
+  std::vector<T> products;  ///< P: rows x distances of the tile
+  std::vector<T> key_bias;  ///< scale * u_h . k_j per key of the tile
+};
+
+}  // namespace detail
+
+template <class W>
+class transformer_xl {
+ public:
+  using table_type = Eigen::Tensor<W, 2, Eigen::RowMajor>;
+  /// Most distinct distances one call may need (positions far apart without clamp_len).
+  static constexpr std::int64_t max_distances = std::int64_t{1} << 24;
+
+  /// View the checkpoint's r_net.weight [H*D, d_model], r_w_bias (u) and r_r_bias (v) [H, D] (no
+  /// copy; keep them alive).
+  transformer_xl(tensor_map<const W, 2> r_net_weight, tensor_map<const W, 2> r_w_bias,
+                 tensor_map<const W, 2> r_r_bias, const transformer_xl_config& config)
+      : config_(config), r_net_(r_net_weight), u_(r_w_bias), v_(r_r_bias) {
+    init();
+  }
+  /// Own them (moved in).
+  transformer_xl(table_type r_net_weight, table_type r_w_bias, table_type r_r_bias, const transformer_xl_config& config)
+      : config_(config), r_net_(std::move(r_net_weight)), u_(std::move(r_w_bias)), v_(std::move(r_r_bias)) {
+    init();
+  }
+
+  [[nodiscard]] const transformer_xl_config& config() const { return config_; }
+  [[nodiscard]] index_t heads() const { return config_.n_head; }
+  [[nodiscard]] index_t head_dim() const { return config_.d_head; }
+  [[nodiscard]] const tensor_map<const W, 2>& r_net_weight() const { return r_net_.view(); }
+  [[nodiscard]] const tensor_map<const W, 2>& r_w_bias() const { return u_.view(); }
+  [[nodiscard]] const tensor_map<const W, 2>& r_r_bias() const { return v_.view(); }
+
+  /// HF: self.scale = 1 / d_head ** 0.5.
+  [[nodiscard]] static double logit_scale(index_t head_dim) { return no_position::logit_scale(head_dim); }
+
+  /// The distance whose R a pair at distance `dist` uses (clamp_len applied).
+  [[nodiscard]] std::int64_t clamped(std::int64_t dist) const {
+    return config_.clamp_len > 0 ? std::min(dist, config_.clamp_len) : dist;
+  }
+  /// Whether a query at q_pos may see the key at k_pos (causal; same_length window).
+  [[nodiscard]] bool visible(std::int64_t q_pos, std::int64_t k_pos) const {
+    const std::int64_t d = q_pos - k_pos;
+    return d >= 0 && (!config_.same_length || d < config_.mem_len);
+  }
+  /// R of a distance (clamped): the [sin | cos] row of width d_model, in double.
+  [[nodiscard]] std::vector<double> pos_emb(std::int64_t dist) const {
+    std::vector<double> row(static_cast<std::size_t>(config_.d_model));
+    detail::sinusoid_row<false>(static_cast<double>(clamped(dist)), freq_, sinusoid_layout::concat, config_.d_model,
+                                row.data());
+    return row;
+  }
+  /// r_h of a distance (clamped): head h's D values of W_R R_dist, in double.
+  [[nodiscard]] std::vector<double> relative_key(index_t head, std::int64_t dist) const {
+    require(head >= 0 && head < heads(), "head", "must be in [0, heads)", head, " for ", heads(), " heads");
+    const std::vector<double> e = pos_emb(dist);
+    std::vector<double> r(static_cast<std::size_t>(config_.d_head), 0.0);
+    for (index_t d = 0; d < config_.d_head; ++d) {
+      const W* w = r_net_.row(head * config_.d_head + d);
+      double acc = 0;
+      for (index_t c = 0; c < config_.d_model; ++c) acc += static_cast<double>(w[c]) * e[static_cast<std::size_t>(c)];
+      r[static_cast<std::size_t>(d)] = acc;
+    }
+    return r;
+  }
+  /// The term inside the scale besides q.k, of one pair: u_h . k + (q + v_h) . r_h(dist), in double
+  /// (q, k: D values each). Per pair and slow: for tools and checks, not the kernel.
+  template <class T>
+  [[nodiscard]] double score_term(index_t head, const T* q, const T* k, std::int64_t dist) const {
+    const std::vector<double> r = relative_key(head, dist);
+    const W* u = u_.row(head);
+    const W* v = v_.row(head);
+    double acc = 0;
+    for (index_t d = 0; d < config_.d_head; ++d)
+      acc += static_cast<double>(u[d]) * static_cast<double>(k[d]) +
+             (static_cast<double>(q[d]) + static_cast<double>(v[d])) * r[static_cast<std::size_t>(d)];
+    return acc;
+  }
+
+  /// What the kernel's tiles see: r_h and c_h of every distance the call can see.
+  class bound {
+   public:
+    [[nodiscard]] static double logit_scale(index_t head_dim) { return no_position::logit_scale(head_dim); }
+    /// Distances of the per-call table: [min_distance, max_distance] (empty when max < min).
+    [[nodiscard]] std::int64_t min_distance() const { return d_hi_ - n_ + 1; }
+    [[nodiscard]] std::int64_t max_distance() const { return d_hi_; }
+    /// r_h of a table distance, as the kernel uses it (T = the call's scalar type).
+    template <class T>
+    [[nodiscard]] const T* relative_key(index_t head, std::int64_t dist) const {
+      return table<T>().data() + (head * n_ + (d_hi_ - dist)) * d_;
+    }
+
+    /// Kernel hook: s(i, j) += scale * (u_h . k_j + (q_i + v_h) . r_h(dist_ij)), -inf where the
+    /// pair is not visible (future key; same_length window).
+    template <class T>
+    void add_score_terms(const tile<T>& t, T scale, matrix_map<T> s) const {
+      if (t.rows == 0 || t.cols == 0) return;
+      constexpr T neg_inf = -std::numeric_limits<T>::infinity();
+      const auto [qmin, qmax] = std::minmax_element(t.q_pos, t.q_pos + t.rows);
+      const auto [kmin, kmax] = std::minmax_element(t.k_pos, t.k_pos + t.cols);
+      // The tile's distances a visible pair can have, clamped (bind checked these differences fit).
+      const std::int64_t lo = std::max<std::int64_t>(*qmin - *kmax, 0);
+      std::int64_t hi = *qmax - *kmin;
+      if (same_length_) hi = std::min(hi, mem_len_ - 1);
+      if (n_ == 0 || hi < lo) {  // no pair of the tile is visible
+        for (index_t i = 0; i < t.rows; ++i) s.row(i).setConstant(neg_inf);
+        return;
+      }
+      const std::int64_t top = std::min(hi, clamp_);  // distance of the tile's first product column
+      const detail::bucket_range cols_range{static_cast<index_t>(d_hi_ - top),
+                                            static_cast<index_t>(d_hi_ - std::min(lo, clamp_))};
+      const index_t m = cols_range.count();
+
+      detail::thread_scratch<detail::transformer_xl_scratch<T>> held;
+      auto& sc = held.get();
+      if (static_cast<index_t>(sc.products.size()) < t.rows * m) sc.products.resize(static_cast<std::size_t>(t.rows * m));
+      if (static_cast<index_t>(sc.key_bias.size()) < t.cols) sc.key_bias.resize(static_cast<std::size_t>(t.cols));
+      using row_major = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+      Eigen::Map<row_major> p(sc.products.data(), t.rows, m);
+      const const_matrix_map<T> r(table<T>().data() + t.head * n_ * d_, n_, d_, Eigen::OuterStride<>(d_));
+      // P(i, c) = scale * ((q_i . r(top - c)) + c_h(top - c)): (q + v) . r with the v part per distance.
+      p.noalias() = (scale * t.q) * r.middleRows(cols_range.lo, m).transpose();
+      const T* ch = bias<T>().data() + t.head * n_ + cols_range.lo;
+      for (index_t i = 0; i < t.rows; ++i) {
+        T* pi = sc.products.data() + i * m;
+        for (index_t c = 0; c < m; ++c) pi[c] += scale * ch[c];
+      }
+      // scale * u_h . k_j
+      Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, 1>> uk(sc.key_bias.data(), t.cols);
+      const Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, 1>> u(u_vec<T>().data() + t.head * d_, d_);
+      uk.noalias() = t.k * (scale * u);
+
+      const T* ukp = sc.key_bias.data();
+      bool contiguous = true;
+      for (index_t j = 1; j < t.cols && contiguous; ++j) contiguous = t.k_pos[j] == t.k_pos[0] + j;
+      for (index_t i = 0; i < t.rows; ++i) {
+        T* row = s.data() + i * s.outerStride();
+        const T* pi = sc.products.data() + i * m;
+        if (!contiguous) {
+          for (index_t j = 0; j < t.cols; ++j) {
+            const std::int64_t d = t.q_pos[i] - t.k_pos[j];
+            if (d < 0 || (same_length_ && d >= mem_len_)) row[j] = neg_inf;
+            else row[j] += pi[top - std::min(d, clamp_)] + ukp[j];
+          }
+          continue;
+        }
+        // Key j is at distance e - j: [0, a) beyond the same_length window, [a, b) clamped to
+        // clamp_len (one product column), [b, f) one column per distance, [f, cols) future.
+        const std::int64_t e = t.q_pos[i] - t.k_pos[0];
+        if (e < 0) {  // every key of the row is in the future
+          for (index_t j = 0; j < t.cols; ++j) row[j] = neg_inf;
+          continue;
+        }
+        const auto at = [&](std::int64_t j) { return static_cast<index_t>(std::clamp<std::int64_t>(j, 0, t.cols)); };
+        const index_t f = at(e + 1);
+        const index_t a = same_length_ ? std::min(at(e - mem_len_ + 1), f) : index_t{0};
+        const index_t b = clamped_ ? std::clamp(at(e - clamp_), a, f) : a;
+        for (index_t j = 0; j < a; ++j) row[j] = neg_inf;
+        if (b > a) {
+          const T pc = pi[top - clamp_];
+          for (index_t j = a; j < b; ++j) row[j] += pc + ukp[j];
+        }
+        const index_t off = static_cast<index_t>(top - e);  // column of key j: top - (e - j) = off + j
+        for (index_t j = b; j < f; ++j) row[j] += pi[off + j] + ukp[j];
+        for (index_t j = f; j < t.cols; ++j) row[j] = neg_inf;
+      }
+    }
+
+   private:
+    friend class transformer_xl;
+    template <class T>
+    [[nodiscard]] const std::vector<T>& table() const {
+      if constexpr (std::is_same_v<T, float>) return table_f_;
+      else return table_d_;
+    }
+    template <class T>
+    [[nodiscard]] const std::vector<T>& bias() const {
+      if constexpr (std::is_same_v<T, float>) return c_f_;
+      else return c_d_;
+    }
+    template <class T>
+    [[nodiscard]] const std::vector<T>& u_vec() const {
+      if constexpr (std::is_same_v<T, float>) return parent_->u_f_;
+      else return parent_->u_d_;
+    }
+
+    const transformer_xl* parent_ = nullptr;
+    index_t d_ = 0;
+    std::int64_t d_hi_ = -1, n_ = 0;  ///< table rows: distances d_hi_, d_hi_ - 1, ..., d_hi_ - n_ + 1
+    std::int64_t clamp_ = std::numeric_limits<std::int64_t>::max(), mem_len_ = 0;
+    bool same_length_ = false, clamped_ = false;
+    std::vector<double> table_d_, c_d_;  ///< [H, n, D] r_h per distance; [H, n] v_h . r_h
+    std::vector<float> table_f_, c_f_;
+  };
+
+  /// Per-call preparation: r_h and v_h . r_h for the distances the call can see, in its scalar type.
+  [[nodiscard]] bound bind(const call_info& info) const {
+    require(info.heads == heads(), "transformer_xl", "n_head must equal the query heads of the call", heads(), " vs ",
+            info.heads);
+    require(info.head_dim == head_dim(), "transformer_xl", "d_head must equal the head_dim of q and k", head_dim(),
+            " vs ", info.head_dim);
+    bound b;
+    b.parent_ = this;
+    b.d_ = head_dim();
+    b.same_length_ = config_.same_length;
+    b.mem_len_ = config_.mem_len;
+    if (config_.clamp_len > 0) {
+      b.clamp_ = config_.clamp_len;
+      b.clamped_ = true;
+    }
+    if (info.q_max < info.q_min || info.k_max < info.k_min) return b;  // nothing to attend
+    std::int64_t hi = 0, lo = 0;
+    // Distances are formed per pair in int64 (plus one): keep them well inside its range.
+    constexpr std::int64_t limit = std::int64_t{1} << 62;
+    require(!__builtin_sub_overflow(info.q_max, info.k_min, &hi) && !__builtin_sub_overflow(info.q_min, info.k_max, &lo) &&
+                hi < limit && lo > -limit,
+            "positions", "query minus key positions must lie in (-2^62, 2^62)", "queries [", info.q_min, ", ", info.q_max,
+            "], keys [", info.k_min, ", ", info.k_max, "]");
+    lo = std::max<std::int64_t>(lo, 0);
+    if (config_.same_length) hi = std::min<std::int64_t>(hi, config_.mem_len - 1);
+    if (hi < lo) return b;  // every pair is in the future (or outside the window)
+    b.d_hi_ = std::min(hi, b.clamp_);
+    b.n_ = b.d_hi_ - std::min(lo, b.clamp_) + 1;
+    require(b.n_ <= max_distances, "positions", "the call spans too many query-key distances for the per-call table "
+            "(set clamp_len)", b.n_, " distances, at most ", max_distances);
+    if (info.scalar == scalar_type::float32) fill<float>(b, b.table_f_, b.c_f_);
+    else fill<double>(b, b.table_d_, b.c_d_);
+    return b;
+  }
+
+ private:
+  void init() {
+    const transformer_xl_config& c = config_;
+    require(c.n_head > 0, "n_head", "must be > 0", c.n_head);
+    require(c.d_head > 0, "d_head", "must be > 0", c.d_head);
+    require(c.d_model > 0 && c.d_model % 2 == 0, "d_model",
+            "must be even and > 0 (R is [sin | cos] of d_model / 2 frequencies)", c.d_model);
+    require(c.clamp_len >= -1, "clamp_len", "must be >= -1 (<= 0: no clamping)", c.clamp_len);
+    require(c.mem_len >= 0, "mem_len", "must be >= 0", c.mem_len);
+    require(!c.same_length || c.mem_len > 0, "mem_len", "must be > 0 with same_length (a query sees mem_len keys)",
+            c.mem_len);
+    require(r_net_.view().data() != nullptr && r_net_.rows() == c.n_head * c.d_head && r_net_.cols() == c.d_model,
+            "r_net.weight", "must be [n_head * d_head, d_model]", "[", r_net_.rows(), ", ", r_net_.cols(), "] for [",
+            c.n_head * c.d_head, ", ", c.d_model, "]");
+    require(u_.view().data() != nullptr && u_.rows() == c.n_head && u_.cols() == c.d_head, "r_w_bias",
+            "must be [n_head, d_head]", "[", u_.rows(), ", ", u_.cols(), "] for [", c.n_head, ", ", c.d_head, "]");
+    require(v_.view().data() != nullptr && v_.rows() == c.n_head && v_.cols() == c.d_head, "r_r_bias",
+            "must be [n_head, d_head]", "[", v_.rows(), ", ", v_.cols(), "] for [", c.n_head, ", ", c.d_head, "]");
+    freq_ = detail::sinusoid_frequencies(c.d_model, 10000.0, frequency_schedule::vaswani);
+    const auto hd = static_cast<std::size_t>(c.n_head * c.d_head);
+    u_d_.resize(hd);
+    u_f_.resize(hd);
+    for (std::size_t e = 0; e < hd; ++e) {
+      u_d_[e] = static_cast<double>(u_.view().data()[e]);
+      u_f_[e] = static_cast<float>(u_.view().data()[e]);
+    }
+  }
+
+  /// table [H, n, D]: r_h(d_hi - t) for row t; c [H, n]: v_h . r_h. R is made in chunks of rows
+  /// (never the whole [n, d_model]) and multiplied by W_R in the call's type.
+  template <class T>
+  void fill(const bound& b, std::vector<T>& table, std::vector<T>& c) const {
+    using row_major = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    const index_t H = heads(), D = head_dim(), M = config_.d_model, n = b.n_;
+    table.resize(static_cast<std::size_t>(H * n * D));
+    c.resize(static_cast<std::size_t>(H * n));
+    row_major w(H * D, M), vv(H, D);
+    for (index_t r = 0; r < H * D; ++r)
+      for (index_t k = 0; k < M; ++k) w(r, k) = static_cast<T>(r_net_.row(r)[k]);
+    for (index_t h = 0; h < H; ++h)
+      for (index_t d = 0; d < D; ++d) vv(h, d) = static_cast<T>(v_.row(h)[d]);
+    constexpr index_t chunk = 256;
+    row_major rows(std::min<index_t>(chunk, n), M);
+    // float: consecutive distances by rotation (detail::sinusoid_walker, ~1e-14 from exact); double: exact.
+    detail::sinusoid_walker walker(freq_);
+    for (index_t t0 = 0; t0 < n; t0 += chunk) {
+      const index_t cn = std::min(chunk, n - t0);
+      // Row t of the chunk is distance d_hi - t0 - t; walk the distances upward.
+      for (index_t t = cn - 1; t >= 0; --t) {
+        const std::int64_t dist = b.d_hi_ - t0 - t;
+        if constexpr (std::is_same_v<T, float>) {
+          walker.go(dist);
+          walker.write(sinusoid_layout::concat, M, rows.row(t).data());
+        } else {
+          detail::sinusoid_row<false>(static_cast<double>(dist), freq_, sinusoid_layout::concat, M, rows.row(t).data());
+        }
+      }
+      for (index_t h = 0; h < H; ++h) {
+        Eigen::Map<row_major> dst(table.data() + (h * n + t0) * D, cn, D);
+        dst.noalias() = rows.topRows(cn) * w.middleRows(h * D, D).transpose();
+        Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, 1>>(c.data() + h * n + t0, cn).noalias() =
+            dst * vv.row(h).transpose();
+      }
+    }
+  }
+
+  transformer_xl_config config_;
+  detail::table_storage<W> r_net_, u_, v_;
+  std::vector<double> freq_;
+  std::vector<double> u_d_;
+  std::vector<float> u_f_;
+};
+
+}  // namespace posenc
