@@ -493,3 +493,35 @@ TEST_CASE("transformer_xl: config.json and safetensors of a transfo-xl checkpoin
                     Catch::Contains("layers.0.dec_attn.r_net.weight") && Catch::Contains("[8, 6]"));
   fs::remove_all(dir);
 }
+
+TEST_CASE("transformer_xl: a bound encoding serves later calls of the same shape", "[xl]") {
+  const xl_case fc{"reuse", 2, 20, 30, 2, 8, 32, -1, false, 30, false, false, 16, 24};
+  const problem p(fc);
+  const layer L(fc.H, fc.D, fc.M, 95);
+  std::vector<float> wt, ut, vt;
+  const auto enc = L.encoding<float>({.d_model = fc.M, .n_head = fc.H, .d_head = fc.D}, wt, ut, vt);
+  const auto bound = enc.bind_segment(fc.Sq, p.Sk, posenc::scalar_type::float32);
+  REQUIRE(bound.min_distance() == 0);
+  REQUIRE(bound.max_distance() == p.Sk - 1);
+  const std::vector<float> q(p.q.begin(), p.q.end()), k(p.k.begin(), p.k.end()), v(p.v.begin(), p.v.end());
+  auto run = [&](const auto& e, idx sq, posenc::attention_options opt) {
+    std::vector<float> out(static_cast<std::size_t>(fc.B * sq * fc.H * fc.D), -7.f);
+    posenc::attention<float>(posenc::bshd(q.data(), fc.B, sq, fc.H, fc.D), posenc::bshd(k.data(), fc.B, p.Sk, fc.H, fc.D),
+                             posenc::bshd(v.data(), fc.B, p.Sk, fc.H, fc.D), posenc::bshd(out.data(), fc.B, sq, fc.H, fc.D),
+                             e, opt);
+    return out;
+  };
+  const auto opt = posenc::transformer_xl_options(fc.Sq, p.Sk);
+  const auto fresh = run(enc, fc.Sq, opt);
+  for (int call = 0; call < 2; ++call) {
+    const auto again = run(bound, fc.Sq, opt);
+    REQUIRE(std::memcmp(again.data(), fresh.data(), fresh.size() * sizeof(float)) == 0);
+  }
+  // A decode step inside the table's distances is served too; one beyond it is refused, untouched.
+  REQUIRE_NOTHROW(run(bound, 1, posenc::transformer_xl_options(1, p.Sk)));
+  posenc::attention_options beyond = opt;
+  beyond.q_offset += 5;
+  CHECK_THROWS_WITH(run(bound, fc.Sq, beyond), Catch::Contains("table"));
+  const auto bound_d = enc.bind_segment(fc.Sq, p.Sk, posenc::scalar_type::float64);
+  CHECK_THROWS_WITH(run(bound_d, fc.Sq, opt), Catch::Contains("scalar type"));
+}

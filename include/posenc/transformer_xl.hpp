@@ -169,6 +169,20 @@ class transformer_xl {
   class bound {
    public:
     [[nodiscard]] static double logit_scale(index_t head_dim) { return no_position::logit_scale(head_dim); }
+    /// A bound encoding serves further calls of the same shape (e.g. every segment of a stream with
+    /// the same q_len and memory length) without recomputing W_R R: passed to posenc::attention, it
+    /// checks that the call's heads, head_dim, scalar type and distances fit its table, and is used as is.
+    [[nodiscard]] const bound& bind(const call_info& info) const {
+      parent_->check_call(info);
+      const auto [lo, hi] = parent_->distance_range(info);
+      require(hi < lo || (n_ > 0 && lo >= min_distance() && hi <= max_distance()), "transformer_xl",
+              "a bound encoding serves only calls whose distances lie in its table", "distances [", lo, ", ", hi,
+              "] vs table [", min_distance(), ", ", max_distance(), "]");
+      require(hi < lo || info.scalar == scalar_, "transformer_xl",
+              "a bound encoding serves only calls of the scalar type it was bound for");
+      return *this;
+    }
+
     /// Distances of the per-call table: [min_distance, max_distance] (empty when max < min).
     [[nodiscard]] std::int64_t min_distance() const { return d_hi_ - n_ + 1; }
     [[nodiscard]] std::int64_t max_distance() const { return d_hi_; }
@@ -183,50 +197,68 @@ class transformer_xl {
     template <class T>
     void add_score_terms(const tile<T>& t, T scale, matrix_map<T> s) const {
       if (t.rows == 0 || t.cols == 0) return;
-      constexpr T neg_inf = -std::numeric_limits<T>::infinity();
-      const auto [qmin, qmax] = std::minmax_element(t.q_pos, t.q_pos + t.rows);
-      const auto [kmin, kmax] = std::minmax_element(t.k_pos, t.k_pos + t.cols);
-      // The tile's distances a visible pair can have, clamped (bind checked these differences fit).
-      const std::int64_t lo = std::max<std::int64_t>(*qmin - *kmax, 0);
-      std::int64_t hi = *qmax - *kmin;
-      if (same_length_) hi = std::min(hi, mem_len_ - 1);
-      if (n_ == 0 || hi < lo) {  // no pair of the tile is visible
-        for (index_t i = 0; i < t.rows; ++i) s.row(i).setConstant(neg_inf);
-        return;
-      }
-      const std::int64_t top = std::min(hi, clamp_);  // distance of the tile's first product column
-      const detail::bucket_range cols_range{static_cast<index_t>(d_hi_ - top),
-                                            static_cast<index_t>(d_hi_ - std::min(lo, clamp_))};
-      const index_t m = cols_range.count();
-
       detail::thread_scratch<detail::transformer_xl_scratch<T>> held;
       auto& sc = held.get();
-      if (static_cast<index_t>(sc.products.size()) < t.rows * m) sc.products.resize(static_cast<std::size_t>(t.rows * m));
+      // scale * u_h . k_j, once per key of the tile
       if (static_cast<index_t>(sc.key_bias.size()) < t.cols) sc.key_bias.resize(static_cast<std::size_t>(t.cols));
-      using row_major = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-      Eigen::Map<row_major> p(sc.products.data(), t.rows, m);
-      const const_matrix_map<T> r(table<T>().data() + t.head * n_ * d_, n_, d_, Eigen::OuterStride<>(d_));
-      // P(i, c) = scale * ((q_i . r(top - c)) + c_h(top - c)): (q + v) . r with the v part per distance.
-      p.noalias() = (scale * t.q) * r.middleRows(cols_range.lo, m).transpose();
-      const T* ch = bias<T>().data() + t.head * n_ + cols_range.lo;
-      for (index_t i = 0; i < t.rows; ++i) {
-        T* pi = sc.products.data() + i * m;
-        for (index_t c = 0; c < m; ++c) pi[c] += scale * ch[c];
-      }
-      // scale * u_h . k_j
       Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, 1>> uk(sc.key_bias.data(), t.cols);
       const Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, 1>> u(u_vec<T>().data() + t.head * d_, d_);
       uk.noalias() = t.k * (scale * u);
-
-      const T* ukp = sc.key_bias.data();
       bool contiguous = true;
       for (index_t j = 1; j < t.cols && contiguous; ++j) contiguous = t.k_pos[j] == t.k_pos[0] + j;
-      for (index_t i = 0; i < t.rows; ++i) {
-        T* row = s.data() + i * s.outerStride();
+      const auto [kmin, kmax] = std::minmax_element(t.k_pos, t.k_pos + t.cols);
+      // Rows in chunks: a chunk of r rows needs cols + r - 1 distances (contiguous positions), so the
+      // (q+v).r product costs (1 + (r - 1) / cols) of the chunk's q.k product whatever the tile's shape.
+      for (index_t i0 = 0; i0 < t.rows; i0 += rows_per_product)
+        add_rows(t, i0, std::min(rows_per_product, t.rows - i0), *kmin, *kmax, contiguous, scale, s, sc);
+    }
+
+    /// Rows per (q+v).r product: 32 rows of a 256-key tile compute 287 distances for 256 keys.
+    static constexpr index_t rows_per_product = 32;
+
+   private:
+    friend class transformer_xl;
+    bound() = default;
+
+    /// Rows i0 .. i0+rows-1 of the tile: P = scale (Q R_h[distances]^T + c_h), then the gather.
+    template <class T>
+    void add_rows(const tile<T>& t, index_t i0, index_t rows, std::int64_t kmin, std::int64_t kmax, bool contiguous,
+                  T scale, matrix_map<T> s, detail::transformer_xl_scratch<T>& sc) const {
+      constexpr T neg_inf = -std::numeric_limits<T>::infinity();
+      const std::int64_t* q_pos = t.q_pos + i0;
+      const auto [qmin, qmax] = std::minmax_element(q_pos, q_pos + rows);
+      // The distances a visible pair of these rows can have, clamped (bind checked these differences fit).
+      const std::int64_t lo = std::max<std::int64_t>(*qmin - kmax, 0);
+      std::int64_t hi = *qmax - kmin;
+      if (same_length_) hi = std::min(hi, mem_len_ - 1);
+      if (n_ == 0 || hi < lo) {  // no pair of these rows is visible
+        for (index_t i = 0; i < rows; ++i) s.row(i0 + i).setConstant(neg_inf);
+        return;
+      }
+      const std::int64_t top = std::min(hi, clamp_);  // distance of the first product column
+      const detail::bucket_range cols_range{static_cast<index_t>(d_hi_ - top),
+                                            static_cast<index_t>(d_hi_ - std::min(lo, clamp_))};
+      const index_t m = cols_range.count();
+      if (static_cast<index_t>(sc.products.size()) < rows * m) sc.products.resize(static_cast<std::size_t>(rows * m));
+      // P(i, c) = scale * (q_i . r(top - c) + c_h(top - c)): (q + v) . r with the v part per distance.
+      // Computed as P^T = R Q^T (column-major, the same memory as row-major P): the long side (the
+      // distances) is then the GEMM's row dimension, which its micro-kernel blocks best.
+      Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>> pt(sc.products.data(), m, rows);
+      const const_matrix_map<T> r(table<T>().data() + t.head * n_ * d_, n_, d_, Eigen::OuterStride<>(d_));
+      pt.noalias() = r.middleRows(cols_range.lo, m) * (scale * t.q.middleRows(i0, rows)).transpose();
+      const T* ch = bias<T>().data() + t.head * n_ + cols_range.lo;
+      for (index_t i = 0; i < rows; ++i) {
+        T* pi = sc.products.data() + i * m;
+        for (index_t c = 0; c < m; ++c) pi[c] += scale * ch[c];
+      }
+
+      const T* ukp = sc.key_bias.data();
+      for (index_t i = 0; i < rows; ++i) {
+        T* row = s.data() + (i0 + i) * s.outerStride();
         const T* pi = sc.products.data() + i * m;
         if (!contiguous) {
           for (index_t j = 0; j < t.cols; ++j) {
-            const std::int64_t d = t.q_pos[i] - t.k_pos[j];
+            const std::int64_t d = q_pos[i] - t.k_pos[j];
             if (d < 0 || (same_length_ && d >= mem_len_)) row[j] = neg_inf;
             else row[j] += pi[top - std::min(d, clamp_)] + ukp[j];
           }
@@ -234,7 +266,7 @@ class transformer_xl {
         }
         // Key j is at distance e - j: [0, a) beyond the same_length window, [a, b) clamped to
         // clamp_len (one product column), [b, f) one column per distance, [f, cols) future.
-        const std::int64_t e = t.q_pos[i] - t.k_pos[0];
+        const std::int64_t e = q_pos[i] - t.k_pos[0];
         if (e < 0) {  // every key of the row is in the future
           for (index_t j = 0; j < t.cols; ++j) row[j] = neg_inf;
           continue;
@@ -254,8 +286,6 @@ class transformer_xl {
       }
     }
 
-   private:
-    friend class transformer_xl;
     template <class T>
     [[nodiscard]] const std::vector<T>& table() const {
       if constexpr (std::is_same_v<T, float>) return table_f_;
@@ -277,46 +307,81 @@ class transformer_xl {
     std::int64_t d_hi_ = -1, n_ = 0;  ///< table rows: distances d_hi_, d_hi_ - 1, ..., d_hi_ - n_ + 1
     std::int64_t clamp_ = std::numeric_limits<std::int64_t>::max(), mem_len_ = 0;
     bool same_length_ = false, clamped_ = false;
+    scalar_type scalar_ = scalar_type::float32;
     std::vector<double> table_d_, c_d_;  ///< [H, n, D] r_h per distance; [H, n] v_h . r_h
     std::vector<float> table_f_, c_f_;
   };
 
   /// Per-call preparation: r_h and v_h . r_h for the distances the call can see, in its scalar type.
   [[nodiscard]] bound bind(const call_info& info) const {
-    require(info.heads == heads(), "transformer_xl", "n_head must equal the query heads of the call", heads(), " vs ",
-            info.heads);
-    require(info.head_dim == head_dim(), "transformer_xl", "d_head must equal the head_dim of q and k", head_dim(),
-            " vs ", info.head_dim);
+    check_call(info);
     bound b;
     b.parent_ = this;
     b.d_ = head_dim();
     b.same_length_ = config_.same_length;
     b.mem_len_ = config_.mem_len;
+    b.scalar_ = info.scalar;
     if (config_.clamp_len > 0) {
       b.clamp_ = config_.clamp_len;
       b.clamped_ = true;
     }
-    if (info.q_max < info.q_min || info.k_max < info.k_min) return b;  // nothing to attend
-    std::int64_t hi = 0, lo = 0;
-    // Distances are formed per pair in int64 (plus one): keep them well inside its range.
-    constexpr std::int64_t limit = std::int64_t{1} << 62;
-    require(!__builtin_sub_overflow(info.q_max, info.k_min, &hi) && !__builtin_sub_overflow(info.q_min, info.k_max, &lo) &&
-                hi < limit && lo > -limit,
-            "positions", "query minus key positions must lie in (-2^62, 2^62)", "queries [", info.q_min, ", ", info.q_max,
-            "], keys [", info.k_min, ", ", info.k_max, "]");
-    lo = std::max<std::int64_t>(lo, 0);
-    if (config_.same_length) hi = std::min<std::int64_t>(hi, config_.mem_len - 1);
-    if (hi < lo) return b;  // every pair is in the future (or outside the window)
-    b.d_hi_ = std::min(hi, b.clamp_);
-    b.n_ = b.d_hi_ - std::min(lo, b.clamp_) + 1;
-    require(b.n_ <= max_distances, "positions", "the call spans too many query-key distances for the per-call table "
-            "(set clamp_len)", b.n_, " distances, at most ", max_distances);
+    const auto [lo, hi] = distance_range(info);
+    if (hi < lo) return b;  // every pair is in the future (or outside the window), or no query/key
+    b.d_hi_ = hi;
+    b.n_ = hi - lo + 1;
     if (info.scalar == scalar_type::float32) fill<float>(b, b.table_f_, b.c_f_);
     else fill<double>(b, b.table_d_, b.c_d_);
     return b;
   }
 
+  /// bind for one Transformer-XL segment: q_len queries at positions mlen .. k_len-1 over k_len keys
+  /// at 0 .. k_len-1 (transformer_xl_options), to reuse across calls of that shape.
+  [[nodiscard]] bound bind_segment(index_t q_len, index_t k_len, scalar_type scalar) const {
+    require(q_len >= 0 && k_len >= q_len, "k_len", "must be >= q_len (memory first, then the segment)", k_len,
+            " keys for ", q_len, " queries");
+    call_info info;
+    info.heads = info.kv_heads = heads();
+    info.head_dim = info.value_dim = head_dim();
+    info.q_len = q_len;
+    info.k_len = k_len;
+    info.scalar = scalar;
+    info.q_min = k_len - q_len;
+    info.q_max = k_len - 1;
+    info.k_min = 0;
+    info.k_max = k_len - 1;
+    return bind(info);
+  }
+
  private:
+  void check_call(const call_info& info) const {
+    require(info.heads == heads(), "transformer_xl", "n_head must equal the query heads of the call", heads(), " vs ",
+            info.heads);
+    require(info.head_dim == head_dim(), "transformer_xl", "d_head must equal the head_dim of q and k", head_dim(),
+            " vs ", info.head_dim);
+  }
+
+  /// The clamped distances [lo, hi] a visible pair of the call can have (hi < lo: none).
+  [[nodiscard]] std::pair<std::int64_t, std::int64_t> distance_range(const call_info& info) const {
+    if (info.q_max < info.q_min || info.k_max < info.k_min) return {0, -1};
+    std::int64_t hi = 0, lo = 0;
+    // Distances are formed per pair in int64 (plus one): keep them well inside its range.
+    constexpr std::int64_t limit = std::int64_t{1} << 62;
+    require(!__builtin_sub_overflow(info.q_max, info.k_min, &hi) && !__builtin_sub_overflow(info.q_min, info.k_max, &lo) &&
+                hi < limit && lo > -limit,
+            "positions", "query minus key positions must lie in (-2^62, 2^62)", "queries [", info.q_min, ", ",
+            info.q_max, "], keys [", info.k_min, ", ", info.k_max, "]");
+    lo = std::max<std::int64_t>(lo, 0);
+    if (config_.same_length) hi = std::min<std::int64_t>(hi, config_.mem_len - 1);
+    if (hi < lo) return {0, -1};
+    const std::int64_t clamp = config_.clamp_len > 0 ? config_.clamp_len : std::numeric_limits<std::int64_t>::max();
+    lo = std::min(lo, clamp);
+    hi = std::min(hi, clamp);
+    require(hi - lo + 1 <= max_distances, "positions",
+            "the call spans too many query-key distances for the per-call table (set clamp_len)", hi - lo + 1,
+            " distances, at most ", max_distances);
+    return {lo, hi};
+  }
+
   void init() {
     const transformer_xl_config& c = config_;
     require(c.n_head > 0, "n_head", "must be > 0", c.n_head);
