@@ -417,12 +417,31 @@ TEST_CASE("transformer_xl: clamp_len makes far positions cheap and exact", "[xl]
   const auto b = enc.bind(info);
   REQUIRE(b.max_distance() == 16);
   REQUIRE(b.min_distance() == 3);
-  for (idx h = 0; h < H; ++h)
-    for (std::int64_t d = 3; d <= 16; ++d) {
-      const auto want = L.r(h, d);
-      const double* got = b.relative_key<double>(h, d);
-      for (idx e = 0; e < D; ++e) REQUIRE(std::abs(got[e] - want[static_cast<std::size_t>(e)]) <= 1e-13);
+  // One query at 2^40 over keys at distances 3 .. 40 (u = v = 0: the hook adds q . r_h(min(d, 16))).
+  layer Lz = L;
+  std::fill(Lz.u.begin(), Lz.u.end(), 0.0);
+  std::fill(Lz.v.begin(), Lz.v.end(), 0.0);
+  const auto encz = Lz.encoding<double>({.d_model = M, .n_head = H, .d_head = D, .clamp_len = 16}, wt, ut, vt);
+  const auto bz = encz.bind(info);
+  const idx C = 38;
+  const std::vector<std::int64_t> qp = {std::int64_t{1} << 40};
+  std::vector<std::int64_t> kp(C);
+  for (idx j = 0; j < C; ++j) kp[static_cast<std::size_t>(j)] = (std::int64_t{1} << 40) - 40 + j;
+  const auto q = test_util::randn(static_cast<std::size_t>(D), 91);
+  const std::vector<double> k(static_cast<std::size_t>(C * D), 1.0);
+  for (idx h = 0; h < H; ++h) {
+    std::vector<double> s(static_cast<std::size_t>(C), 0.0);
+    const posenc::tile<double> t{.head = h, .rows = 1, .cols = C, .q_pos = qp.data(), .k_pos = kp.data(),
+                                 .q = posenc::const_matrix_map<double>(q.data(), 1, D, Eigen::OuterStride<>(D)),
+                                 .k = posenc::const_matrix_map<double>(k.data(), C, D, Eigen::OuterStride<>(D))};
+    bz.add_score_terms<double>(t, 1.0, posenc::matrix_map<double>(s.data(), 1, C, Eigen::OuterStride<>(C)));
+    for (idx j = 0; j < C; ++j) {
+      const auto r = L.r(h, std::min<std::int64_t>(40 - j, 16));
+      double want = 0;
+      for (idx e = 0; e < D; ++e) want += q[static_cast<std::size_t>(e)] * r[static_cast<std::size_t>(e)];
+      REQUIRE(std::abs(s[static_cast<std::size_t>(j)] - want) <= 1e-13);
     }
+  }
 }
 
 TEST_CASE("transformer_xl: config.json and safetensors of a transfo-xl checkpoint", "[xl][io]") {

@@ -53,6 +53,7 @@
 #include "posenc/detail/sinusoid.hpp"
 #include "posenc/detail/table.hpp"
 #include "posenc/detail/thread.hpp"
+#include "posenc/detail/tile_gemm.hpp"
 #include "posenc/encoding.hpp"
 #include "posenc/error.hpp"
 #include "posenc/options.hpp"
@@ -86,8 +87,9 @@ namespace detail {
 /// Per-thread scratch of the Transformer-XL tile hook (thread_scratch keeps it between tiles).
 template <class T>
 struct transformer_xl_scratch {
-  std::vector<T> products;  ///< P: rows x distances of the tile
-  std::vector<T> key_bias;  ///< scale * u_h . k_j per key of the tile
+  std::vector<T> products;                    ///< P: rows x distances of the tile
+  std::vector<T> key_bias;                    ///< scale * u_h . k_j per key of the tile
+  typename tile_gemm<T>::buffer packed_rows;  ///< the rows' queries packed for the product
 };
 
 }  // namespace detail
@@ -186,12 +188,6 @@ class transformer_xl {
     /// Distances of the per-call table: [min_distance, max_distance] (empty when max < min).
     [[nodiscard]] std::int64_t min_distance() const { return d_hi_ - n_ + 1; }
     [[nodiscard]] std::int64_t max_distance() const { return d_hi_; }
-    /// r_h of a table distance, as the kernel uses it (T = the call's scalar type).
-    template <class T>
-    [[nodiscard]] const T* relative_key(index_t head, std::int64_t dist) const {
-      return table<T>().data() + (head * n_ + (d_hi_ - dist)) * d_;
-    }
-
     /// Kernel hook: s(i, j) += scale * (u_h . k_j + (q_i + v_h) . r_h(dist_ij)), -inf where the
     /// pair is not visible (future key; same_length window).
     template <class T>
@@ -208,13 +204,16 @@ class transformer_xl {
       for (index_t j = 1; j < t.cols && contiguous; ++j) contiguous = t.k_pos[j] == t.k_pos[0] + j;
       const auto [kmin, kmax] = std::minmax_element(t.k_pos, t.k_pos + t.cols);
       // Rows in chunks: a chunk of r rows needs cols + r - 1 distances (contiguous positions), so the
-      // (q+v).r product costs (1 + (r - 1) / cols) of the chunk's q.k product whatever the tile's shape.
+      // (q+v).r product costs about (1 + (r - 1 + 2 a_panel) / cols) of the chunk's q.k product
+      // whatever the tile's shape (one product over all rows would cost (rows + cols - 1) / cols).
       for (index_t i0 = 0; i0 < t.rows; i0 += rows_per_product)
         add_rows(t, i0, std::min(rows_per_product, t.rows - i0), *kmin, *kmax, contiguous, scale, s, sc);
     }
 
-    /// Rows per (q+v).r product: 32 rows of a 256-key tile compute 287 distances for 256 keys.
-    static constexpr index_t rows_per_product = 32;
+    /// Rows per (q+v).r product. Measured (clang -O3, AVX-512, float, hook time / Eigen's Q K^T of
+    /// the tile): 256 x 256, d = 64: 8 rows 1.27, 12: 1.32, 16: 1.29, 32: 1.37, 48: 1.44, 64: 1.52;
+    /// d = 128: 8: 1.20, 16: 1.23, 32: 1.29, 64: 1.43; 64 x 512, d = 64: 8: 1.10, 16: 1.15, 32: 1.17.
+    static constexpr index_t rows_per_product = 8;
 
    private:
     friend class transformer_xl;
@@ -235,22 +234,29 @@ class transformer_xl {
         for (index_t i = 0; i < rows; ++i) s.row(i0 + i).setConstant(neg_inf);
         return;
       }
-      const std::int64_t top = std::min(hi, clamp_);  // distance of the first product column
-      const detail::bucket_range cols_range{static_cast<index_t>(d_hi_ - top),
-                                            static_cast<index_t>(d_hi_ - std::min(lo, clamp_))};
-      const index_t m = cols_range.count();
+      // Table rows (d_hi_ - distance) of these rows' distances, widened to whole micro-panels of the
+      // packed table (a packed A's row range is itself a packed A from a multiple of a_panel to a
+      // multiple of it or its end): at most a_panel - 1 extra distances at each end.
+      using gemm = detail::tile_gemm<T>;
+      const std::int64_t first = d_hi_ - std::min(hi, clamp_), last = d_hi_ - std::min(lo, clamp_);
+      const index_t r0 = static_cast<index_t>(first / gemm::a_panel * gemm::a_panel);
+      const index_t r1 = static_cast<index_t>(std::min<std::int64_t>(n_, (last / gemm::a_panel + 1) * gemm::a_panel));
+      const index_t m = r1 - r0;
+      const std::int64_t top = d_hi_ - r0;  // distance of product column 0
       if (static_cast<index_t>(sc.products.size()) < rows * m) sc.products.resize(static_cast<std::size_t>(rows * m));
-      // P(i, c) = scale * (q_i . r(top - c) + c_h(top - c)): (q + v) . r with the v part per distance.
-      // Computed as P^T = R Q^T (column-major, the same memory as row-major P): the long side (the
-      // distances) is then the GEMM's row dimension, which its micro-kernel blocks best.
-      Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>> pt(sc.products.data(), m, rows);
-      const const_matrix_map<T> r(table<T>().data() + t.head * n_ * d_, n_, d_, Eigen::OuterStride<>(d_));
-      pt.noalias() = r.middleRows(cols_range.lo, m) * (scale * t.q.middleRows(i0, rows)).transpose();
-      const T* ch = bias<T>().data() + t.head * n_ + cols_range.lo;
+      // P(i, c) = scale * (c_h(top - c) + q_i . r_h(top - c)): (q + v) . r with the v part per
+      // distance. Computed as P^T = R Q^T on the table packed in bind and the rows packed here
+      // (column-major P^T is row-major P), starting from scale * c_h.
+      const T* ch = bias<T>().data() + t.head * n_ + r0;
       for (index_t i = 0; i < rows; ++i) {
         T* pi = sc.products.data() + i * m;
-        for (index_t c = 0; c < m; ++c) pi[c] += scale * ch[c];
+        for (index_t c = 0; c < m; ++c) pi[c] = scale * ch[c];
       }
+      T* qp = sc.packed_rows.size() < rows * d_ ? (sc.packed_rows.resize(rows * d_), sc.packed_rows.data())
+                                                : sc.packed_rows.data();
+      gemm::pack_b(qp, t.q.data() + i0 * t.q.outerStride(), t.q.outerStride(), rows, d_);
+      gemm::multiply(sc.products.data(), m, packed<T>().data() + t.head * head_stride_ + r0 * d_, qp, m, d_, rows, scale,
+                     d_, gemm::column_chunk(m, d_, rows));
 
       const T* ukp = sc.key_bias.data();
       for (index_t i = 0; i < rows; ++i) {
@@ -287,9 +293,9 @@ class transformer_xl {
     }
 
     template <class T>
-    [[nodiscard]] const std::vector<T>& table() const {
-      if constexpr (std::is_same_v<T, float>) return table_f_;
-      else return table_d_;
+    [[nodiscard]] const typename detail::tile_gemm<T>::buffer& packed() const {
+      if constexpr (std::is_same_v<T, float>) return packed_f_;
+      else return packed_d_;
     }
     template <class T>
     [[nodiscard]] const std::vector<T>& bias() const {
@@ -308,8 +314,11 @@ class transformer_xl {
     std::int64_t clamp_ = std::numeric_limits<std::int64_t>::max(), mem_len_ = 0;
     bool same_length_ = false, clamped_ = false;
     scalar_type scalar_ = scalar_type::float32;
-    std::vector<double> table_d_, c_d_;  ///< [H, n, D] r_h per distance; [H, n] v_h . r_h
-    std::vector<float> table_f_, c_f_;
+    std::vector<double> c_d_;  ///< [H, n] v_h . r_h per distance
+    std::vector<float> c_f_;
+    index_t head_stride_ = 0;  ///< elements between heads of the packed table (aligned)
+    detail::tile_gemm<double>::buffer packed_d_;  ///< per head: r_h of every distance packed as GEBP's A
+    detail::tile_gemm<float>::buffer packed_f_;
   };
 
   /// Per-call preparation: r_h and v_h . r_h for the distances the call can see, in its scalar type.
@@ -329,8 +338,8 @@ class transformer_xl {
     if (hi < lo) return b;  // every pair is in the future (or outside the window), or no query/key
     b.d_hi_ = hi;
     b.n_ = hi - lo + 1;
-    if (info.scalar == scalar_type::float32) fill<float>(b, b.table_f_, b.c_f_);
-    else fill<double>(b, b.table_d_, b.c_d_);
+    if (info.scalar == scalar_type::float32) fill<float>(b, b.c_f_, b.packed_f_);
+    else fill<double>(b, b.c_d_, b.packed_d_);
     return b;
   }
 
@@ -412,10 +421,10 @@ class transformer_xl {
   /// table [H, n, D]: r_h(d_hi - t) for row t; c [H, n]: v_h . r_h. R is made in chunks of rows
   /// (never the whole [n, d_model]) and multiplied by W_R in the call's type.
   template <class T>
-  void fill(const bound& b, std::vector<T>& table, std::vector<T>& c) const {
+  void fill(bound& b, std::vector<T>& c, typename detail::tile_gemm<T>::buffer& packed) const {
     using row_major = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
     const index_t H = heads(), D = head_dim(), M = config_.d_model, n = b.n_;
-    table.resize(static_cast<std::size_t>(H * n * D));
+    std::vector<T> table(static_cast<std::size_t>(H * n * D));  // released once packed
     c.resize(static_cast<std::size_t>(H * n));
     row_major w(H * D, M), vv(H, D);
     for (index_t r = 0; r < H * D; ++r)
@@ -445,6 +454,11 @@ class transformer_xl {
             dst * vv.row(h).transpose();
       }
     }
+    // Packed per head for the tiles' products; heads 64-byte aligned apart.
+    b.head_stride_ = (n * D + 15) / 16 * 16;
+    packed.resize(H * b.head_stride_);
+    for (index_t h = 0; h < H; ++h)
+      detail::tile_gemm<T>::pack_a(packed.data() + h * b.head_stride_, table.data() + h * n * D, D, n, D);
   }
 
   transformer_xl_config config_;
