@@ -423,16 +423,21 @@ class transformer_xl {
   template <class T>
   void fill(bound& b, std::vector<T>& c, typename detail::tile_gemm<T>::buffer& packed) const {
     using row_major = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    using gemm = detail::tile_gemm<T>;
     const index_t H = heads(), D = head_dim(), M = config_.d_model, n = b.n_;
-    std::vector<T> table(static_cast<std::size_t>(H * n * D));  // released once packed
     c.resize(static_cast<std::size_t>(H * n));
+    // Packed per head (heads 64-byte aligned apart), chunk by chunk: packing rows [t0, t0 + cn) at
+    // offset t0 * D gives the layout of packing all n rows when t0 is a multiple of pack_step, so
+    // the unpacked [H, n, D] table never exists (it would double the call's peak memory).
+    b.head_stride_ = (n * D + 15) / 16 * 16;
+    packed.resize(H * b.head_stride_);
     row_major w(H * D, M), vv(H, D);
     for (index_t r = 0; r < H * D; ++r)
       for (index_t k = 0; k < M; ++k) w(r, k) = static_cast<T>(r_net_.row(r)[k]);
     for (index_t h = 0; h < H; ++h)
       for (index_t d = 0; d < D; ++d) vv(h, d) = static_cast<T>(v_.row(h)[d]);
-    constexpr index_t chunk = 256;
-    row_major rows(std::min<index_t>(chunk, n), M);
+    const index_t chunk = std::max<index_t>(1, 256 / gemm::pack_step) * gemm::pack_step;
+    row_major rows(std::min<index_t>(chunk, n), M), r(std::min<index_t>(chunk, n), H * D);
     // float: consecutive distances by rotation (detail::sinusoid_walker, ~1e-14 from exact); double: exact.
     detail::sinusoid_walker walker(freq_);
     for (index_t t0 = 0; t0 < n; t0 += chunk) {
@@ -447,18 +452,13 @@ class transformer_xl {
           detail::sinusoid_row<false>(static_cast<double>(dist), freq_, sinusoid_layout::concat, M, rows.row(t).data());
         }
       }
+      r.topRows(cn).noalias() = rows.topRows(cn) * w.transpose();  // R W_R^T: [cn, H*D]
       for (index_t h = 0; h < H; ++h) {
-        Eigen::Map<row_major> dst(table.data() + (h * n + t0) * D, cn, D);
-        dst.noalias() = rows.topRows(cn) * w.middleRows(h * D, D).transpose();
+        gemm::pack_a(packed.data() + h * b.head_stride_ + t0 * D, r.data() + h * D, H * D, cn, D);
         Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, 1>>(c.data() + h * n + t0, cn).noalias() =
-            dst * vv.row(h).transpose();
+            r.topRows(cn).middleCols(h * D, D) * vv.row(h).transpose();
       }
     }
-    // Packed per head for the tiles' products; heads 64-byte aligned apart.
-    b.head_stride_ = (n * D + 15) / 16 * 16;
-    packed.resize(H * b.head_stride_);
-    for (index_t h = 0; h < H; ++h)
-      detail::tile_gemm<T>::pack_a(packed.data() + h * b.head_stride_, table.data() + h * n * D, D, n, D);
   }
 
   transformer_xl_config config_;
