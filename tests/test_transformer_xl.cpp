@@ -337,7 +337,7 @@ TEST_CASE("transformer_xl: golden case txl_mem8_q12_d64 (pos_emb, probs, out)", 
   for (std::size_t e = 0; e < want.size(); ++e) REQUIRE(std::abs(outf[e] - want[e]) <= 4e-6 * (1 + std::abs(want[e])));
 }
 
-TEST_CASE("transformer_xl: argument errors name the argument; nothing is written", "[xl][errors]") {
+TEST_CASE("transformer_xl: argument errors name the argument, nothing is written", "[xl][errors]") {
   const idx H = 2, D = 4, M = 8;
   const layer L(H, D, M, 80);
   std::vector<double> wt, ut, vt;

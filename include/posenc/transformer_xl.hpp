@@ -22,11 +22,14 @@
 // reproduce on small inputs):
 //  * bind computes, once per call, r_h(dist) for exactly the distances the call can see
 //    ([max(0, q_min - k_max), q_max - k_min], clamped; O(klen x H x D), the size of K), in the
-//    call's scalar type, stored per head with the largest distance first, and c_h(dist) = v_h . r_h(dist).
-//  * per tile, the (q+v).r term is one small product P = Q_tile R_h[tile's distances]^T (rows x
-//    (rows + cols - 1) at most, fewer when clamp_len caps the distances) plus c, then a gather by
-//    distance: for contiguous key positions each query row reads a contiguous slice of P, so the
-//    gather is a plain vectorizable add (detail/relative.hpp gives the range arithmetic).
+//    call's scalar type, stored per head with the largest distance first and packed as the A operand
+//    of Eigen's GEBP micro-kernel (detail/tile_gemm.hpp), and c_h(dist) = v_h . r_h(dist).
+//  * per tile, the (q+v).r term is, for each group of 8 query rows, one small product
+//    P = scale (c_h + Q_rows R_h[the rows' distances]^T) (cols + 7 distances for contiguous
+//    positions, fewer when clamp_len caps them; the range arithmetic of detail/relative.hpp) on the
+//    packed table, then a gather by distance: for contiguous key positions each query row reads a
+//    contiguous slice of P, so the gather is a plain vectorizable add. A product over all rows of a
+//    tile would cover rows + cols - 1 distances for cols keys: twice the q.k product at 256 x 256.
 //  * the u.k term is one number per key and head, u_h . k_j, a GEMV over the tile's keys (1/rows
 //    of the q.k product) added in the same pass as the gather. Chosen over a Q transform
 //    q' = q + u: a transform makes the kernel copy the queries, and, until it can be told that
