@@ -7,8 +7,9 @@ if(NOT TARGET posenc-run)
   return()
 endif()
 
-set(POSENC_PARITY_KINDS sinusoidal rope rope_attention alibi t5 shaw attention tupe deberta deberta_buckets)
-set(_attention_kinds rope_attention alibi t5 shaw attention tupe deberta)
+set(POSENC_PARITY_KINDS sinusoidal rope rope_attention alibi t5 shaw transformer_xl attention tupe deberta
+    deberta_buckets)
+set(_attention_kinds rope_attention alibi t5 shaw transformer_xl attention tupe deberta)
 
 file(GLOB _cases CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/data/*.json)
 set(_count 0)

@@ -49,6 +49,7 @@
 #include "posenc/sinusoidal.hpp"
 #include "posenc/t5.hpp"
 #include "posenc/tupe.hpp"
+#include "posenc/transformer_xl.hpp"
 
 namespace {
 
@@ -482,6 +483,55 @@ results run_t5(const run_env& env) {
   return r;
 }
 
+/// 5.7 transformer_xl: pos_emb (R of pos_seq = klen-1 .. 0), attention over memory + segment (queries
+/// at mlen + i, causal), probs from the encoding's per-pair score_term, and the scalar mlen.
+template <class T>
+results run_transformer_xl(const run_env& env) {
+  const case_data& c = env.c;
+  const posenc::transformer_xl_config cfg{.d_model = c.need<index_t>("d_model"),
+                                          .n_head = c.need<index_t>("n_head"),
+                                          .d_head = c.need<index_t>("d_head"),
+                                          .mem_len = c.param<index_t>("mem_len", 0),
+                                          .clamp_len = c.param<std::int64_t>("clamp_len", -1),
+                                          .same_length = c.param<bool>("same_length", false)};
+  auto table = [&](const std::string& name) {
+    const auto shape = c.shape(name);
+    posenc::require(shape.size() == 2, name, "must be a matrix", shape.size(), " dims");
+    typename posenc::transformer_xl<T>::table_type t(shape[0], shape[1]);
+    const auto w = c.real<T>(name);
+    std::copy(w.begin(), w.end(), t.data());
+    return t;
+  };
+  const posenc::transformer_xl<T> enc(table("r_net_weight"), table("r_w_bias"), table("r_r_bias"), cfg);
+
+  const auto qs = c.shape("q"), ks = c.shape("k"), vs = c.shape("v");
+  const index_t B = qs[0], Sq = qs[1], H = qs[2], D = qs[3], Sk = ks[1];
+  const index_t mlen = Sk - Sq;
+  results r;
+  r.scalars["mlen"] = mlen;
+  std::vector<T> pos_emb(static_cast<std::size_t>(Sk * cfg.d_model));
+  for (index_t t = 0; t < Sk; ++t) {
+    const auto row = enc.pos_emb(Sk - 1 - t);
+    std::copy(row.begin(), row.end(), pos_emb.begin() + t * cfg.d_model);
+  }
+  r.add_real<T>("pos_emb", {Sk, cfg.d_model}, pos_emb);
+
+  const posenc::attention_options opt = posenc::transformer_xl_options(Sq, Sk);
+  visibility vis{B, Sq, Sk, true, offset_positions(B, Sq, mlen), offset_positions(B, Sk, 0), {}};
+  std::vector<std::int64_t> pad;
+  posenc::attention_options opt_pad = opt;
+  read_padding(c, opt_pad, vis, pad, B, Sk);
+  const auto q = c.real<T>("q"), k = c.real<T>("k"), v = c.real<T>("v");
+  const double scale = enc.logit_scale(D);
+  attention_outputs<T>(env, r, q, qs, k, ks, v, vs, enc, opt_pad, vis, scale,
+                       [&](index_t b, index_t h, index_t i, index_t j) {
+                         if (!enc.visible(mlen + i, j)) return -std::numeric_limits<double>::infinity();
+                         return scale * enc.score_term(h, q.data() + ((b * Sq + i) * H + h) * D,
+                                                       k.data() + ((b * Sk + j) * ks[2] + h / (H / ks[2])) * D, mlen + i - j);
+                       });
+  return r;
+}
+
 /// 5.11 attention: the plain kernel, with an optional broadcast additive bias.
 template <class T>
 results run_attention(const run_env& env) {
@@ -868,6 +918,7 @@ constexpr kind_runner kinds[] = {
     {"alibi", run_alibi<double>, run_alibi<float>},
     {"t5", run_t5<double>, run_t5<float>},
     {"shaw", run_shaw<double>, run_shaw<float>},
+    {"transformer_xl", run_transformer_xl<double>, run_transformer_xl<float>},
     {"attention", run_attention<double>, run_attention<float>},
     {"tupe", run_tupe<double>, run_tupe<float>},
     {"deberta", run_deberta<double>, run_deberta<float>},
