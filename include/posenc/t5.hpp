@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "posenc/detail/buckets.hpp"
+#include "posenc/detail/platform.hpp"
 #include "posenc/detail/table.hpp"
 #include "posenc/encoding.hpp"
 #include "posenc/error.hpp"
@@ -144,9 +145,8 @@ class t5_relative_bias {
     // Contiguous positions give span = q_len + k_len - 1; a sparse range this large (or one whose
     // ends overflow int64) is served per element.
     constexpr std::int64_t max_span = std::int64_t{1} << 24;
-    if (__builtin_sub_overflow(info.k_min, info.q_max, &r_min) ||
-        __builtin_sub_overflow(info.k_max, info.q_min, &r_max) || __builtin_sub_overflow(r_max, r_min, &width) ||
-        width >= max_span)
+    if (detail::sub_overflow(info.k_min, info.q_max, r_min) || detail::sub_overflow(info.k_max, info.q_min, r_max) ||
+        detail::sub_overflow(r_max, r_min, width) || width >= max_span)
       return b;
     b.table_mode_ = true;
     b.r_min_ = r_min;

@@ -13,17 +13,18 @@
 #include <immintrin.h>
 #endif
 
+#include "posenc/detail/platform.hpp"
 #include "posenc/tensor.hpp"
 
 namespace posenc::detail {
 
 /// One prefetch instruction per 64-byte line of [p, p + bytes); Write and Locality as
-/// __builtin_prefetch takes them (compile-time constants).
+/// detail::prefetch takes them (compile-time constants).
 template <int Write, int Locality>
 inline void prefetch_lines(const void* p, index_t bytes) {
   constexpr index_t line = 64;
   const char* c = static_cast<const char*>(p);
-  for (index_t o = 0; o < bytes; o += line) __builtin_prefetch(c + o, Write, Locality);
+  for (index_t o = 0; o < bytes; o += line) prefetch<Write, Locality>(c + o);
 }
 
 /// Prefetches [p, p + bytes) into L2 (for_write: with intent to write, so that the later stores do
