@@ -1,50 +1,38 @@
-# Parity tests (label `parity`): every vendored golden case of a kind posenc-run knows runs through
-# `posenc-run --check` in double and in float (docs/parity.md). Cases are found by reading the `kind`
-# of each tests/data/*.json, so a newly vendored case of a supported kind is picked up by a re-run of
-# cmake; a new family joins by adding its kind to POSENC_PARITY_KINDS (and its runner to posenc-run).
-if(NOT TARGET posenc-run)
-  message(STATUS "posenc: posenc-run is not built, parity tests skipped")
+# Parity tests (label `parity`): every vendored golden case (tests/data/*.json) of a kind posenc-run
+# knows runs through `posenc-run --check` in double and in float, plus --threads 2 for the kinds that
+# run the attention kernel and the extra variants a kind lists (hf_float32 for rope); docs/parity.md.
+#
+# The kinds have one registry, the table in tools/posenc_run.cpp, printed by `posenc-run --list-kinds`.
+# posenc-run exists only after the build, so these tests are generated when ctest runs, not here:
+# tests/parity_tests.cmake is a TEST_INCLUDE_FILES script (the mechanism of gtest_discover_tests'
+# PRE_TEST mode) that asks posenc-run for its kinds and reads each case's `kind`. A new family joins by
+# its runner and table row in posenc-run and its cases in tests/data: nothing to edit here.
+if(NOT POSENC_BUILD_TOOLS)
+  message(STATUS "posenc: POSENC_BUILD_TOOLS is OFF: no posenc-run, so no parity tests")
   return()
 endif()
 
-set(POSENC_PARITY_KINDS sinusoidal rope rope_attention alibi t5 shaw transformer_xl attention tupe deberta
-    deberta_buckets)
-set(_attention_kinds rope_attention alibi t5 shaw transformer_xl attention tupe deberta)
-
-file(GLOB _cases CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/data/*.json)
-set(_count 0)
-foreach(_case IN LISTS _cases)
-  file(READ ${_case} _text)
-  string(JSON _kind ERROR_VARIABLE _err GET "${_text}" kind)
-  if(_err OR NOT _kind IN_LIST POSENC_PARITY_KINDS)
-    continue()
-  endif()
-  get_filename_component(_name ${_case} NAME_WE)
-  # NAME_WE stops at the first dot (rope_partial_0.4_...): take the stem instead.
-  string(REGEX REPLACE "\\.json$" "" _name "${_case}")
-  get_filename_component(_name ${_name} NAME)
-  math(EXPR _count "${_count} + 1")
-  foreach(_dtype f64 f32)
-    add_test(NAME parity.${_name}.${_dtype} COMMAND posenc-run --check --dtype ${_dtype} ${_case})
-    set_tests_properties(parity.${_name}.${_dtype} PROPERTIES LABELS parity)
-  endforeach()
-  # The HF float32 emulation (compares the *_hf_float32 expectations) and the threaded kernel path.
-  if(_kind STREQUAL "rope")
-    add_test(NAME parity.${_name}.hf_float32 COMMAND posenc-run --check --dtype f32 --rope-angles hf_float32 ${_case})
-    set_tests_properties(parity.${_name}.hf_float32 PROPERTIES LABELS parity)
-  endif()
-  if(_kind IN_LIST _attention_kinds)
-    add_test(NAME parity.${_name}.threads2 COMMAND posenc-run --check --threads 2 ${_case})
-    set_tests_properties(parity.${_name}.threads2 PROPERTIES LABELS parity)
-  endif()
-endforeach()
-message(STATUS "posenc: ${_count} golden cases registered for parity")
+set(_posenc_parity_setup "
+set(POSENC_RUN [==[$<TARGET_FILE:posenc-run>]==])
+set(POSENC_PARITY_DATA [==[${CMAKE_CURRENT_SOURCE_DIR}/data]==])
+include([==[${CMAKE_CURRENT_SOURCE_DIR}/parity_tests.cmake]==])
+")
+get_property(_multi_config GLOBAL PROPERTY GENERATOR_IS_MULTI_CONFIG)
+if(_multi_config)
+  # One generated file per configuration; ctest -C <config> picks one.
+  file(GENERATE OUTPUT ${CMAKE_CURRENT_BINARY_DIR}/posenc_parity_$<CONFIG>.cmake CONTENT "${_posenc_parity_setup}")
+  file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/posenc_parity.cmake
+       "include(\"${CMAKE_CURRENT_BINARY_DIR}/posenc_parity_\${CTEST_CONFIGURATION_TYPE}.cmake\")\n")
+else()
+  file(GENERATE OUTPUT ${CMAKE_CURRENT_BINARY_DIR}/posenc_parity.cmake CONTENT "${_posenc_parity_setup}")
+endif()
+set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${CMAKE_CURRENT_BINARY_DIR}/posenc_parity.cmake)
 
 # posenc_parity_must_fail(<name> <case file> <regex>): posenc-run --check on the case must print a
 # line matching <regex> (test parity.<name>) and exit non-zero (test parity.<name>_exit_status).
 function(posenc_parity_must_fail name file regex)
   if(NOT EXISTS ${file})
-    return()
+    message(FATAL_ERROR "posenc: the parity self-test case ${file} is missing")
   endif()
   add_test(NAME parity.${name} COMMAND posenc-run --check ${file})
   set_tests_properties(parity.${name} PROPERTIES LABELS parity PASS_REGULAR_EXPRESSION "${regex}")
@@ -62,3 +50,9 @@ posenc_parity_must_fail(unknown_kind_is_named
 posenc_parity_must_fail(selftest_reports_mismatch
                         ${CMAKE_CURRENT_SOURCE_DIR}/data/parity_selftest/selftest_alibi_impossible_tolerance.json
                         "out +F64 .*FAIL: [0-9]+ elements beyond")
+
+# The registry itself: --list-kinds prints one well-formed row per kind, among them the ones above.
+add_test(NAME parity.list_kinds COMMAND posenc-run --list-kinds)
+set_tests_properties(parity.list_kinds PROPERTIES LABELS parity
+                     PASS_REGULAR_EXPRESSION "(^|\n)alibi +attention +-\n"
+                     FAIL_REGULAR_EXPRESSION "(^|\n)[^ \n]+ +[^ \n]+\n")

@@ -1,11 +1,16 @@
 // Core types: views in both layouts, position helpers, errors, the encoding concept.
 #include <catch2/catch.hpp>
 
+#include <posenc/detail/platform.hpp>
 #include <posenc/encoding.hpp>
 #include <posenc/positions.hpp>
 #include <posenc/tensor.hpp>
+#include <posenc/version.hpp>
 
 #include <array>
+#include <cstdint>
+#include <limits>
+#include <optional>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -244,4 +249,84 @@ TEST_CASE("bind_encoding returns the bound object when there is bind, the encodi
   const only_scale s;
   const auto& same = posenc::detail::bind_encoding(s, info);
   CHECK(&same == &s);
+}
+
+// ---- version.hpp --------------------------------------------------------------------------------
+
+TEST_CASE("version macros: numbers, the string spelled from them, and the CMake project version", "[core][version]") {
+  STATIC_REQUIRE(POSENC_VERSION_MAJOR >= 0);
+  STATIC_REQUIRE(POSENC_VERSION_MINOR >= 0);
+  STATIC_REQUIRE(POSENC_VERSION_PATCH >= 0);
+  const std::string spelled = std::to_string(POSENC_VERSION_MAJOR) + "." + std::to_string(POSENC_VERSION_MINOR) + "." +
+                              std::to_string(POSENC_VERSION_PATCH);
+  CHECK(std::string(POSENC_VERSION) == spelled);
+  // tests/CMakeLists.txt passes PROJECT_VERSION, which CMakeLists.txt read from version.hpp.
+  CHECK(std::string(POSENC_TEST_PROJECT_VERSION) == spelled);
+}
+
+// ---- detail/platform.hpp ------------------------------------------------------------------------
+
+namespace {
+/// Both the dispatching function (a builtin on g++/clang) and the portable fallback, on one case:
+/// `want` is the exact result, or std::nullopt when it does not fit T.
+template <class T>
+void check_add(T a, T b, std::optional<T> want) {
+  T r1 = 0, r2 = 0;
+  CHECK(posenc::detail::add_overflow(a, b, r1) == !want);
+  CHECK(posenc::detail::portable::add_overflow(a, b, r2) == !want);
+  if (want) {
+    CHECK(r1 == *want);
+    CHECK(r2 == *want);
+  }
+}
+template <class T>
+void check_sub(T a, T b, std::optional<T> want) {
+  T r1 = 0, r2 = 0;
+  CHECK(posenc::detail::sub_overflow(a, b, r1) == !want);
+  CHECK(posenc::detail::portable::sub_overflow(a, b, r2) == !want);
+  if (want) {
+    CHECK(r1 == *want);
+    CHECK(r2 == *want);
+  }
+}
+}  // namespace
+
+TEST_CASE("platform: overflow-checked add and sub at the int64 and int32 limits", "[core][platform]") {
+  using I64 = std::int64_t;
+  using L = std::numeric_limits<I64>;
+  const std::optional<I64> over;
+  check_add<I64>(1, 2, 3);
+  check_add<I64>(L::max(), 0, L::max());
+  check_add<I64>(L::max(), 1, over);
+  check_add<I64>(L::max() - 5, 5, L::max());
+  check_add<I64>(L::max() - 5, 6, over);
+  check_add<I64>(L::min(), -1, over);
+  check_add<I64>(L::min(), L::max(), -1);
+  check_add<I64>(-7, L::min() + 7, L::min());
+  check_add<I64>(-8, L::min() + 7, over);
+  check_sub<I64>(5, 7, -2);
+  check_sub<I64>(0, L::min(), over);
+  check_sub<I64>(-1, L::min(), L::max());
+  check_sub<I64>(L::max(), -1, over);
+  check_sub<I64>(L::min(), 1, over);
+  check_sub<I64>(L::min() + 1, 1, L::min());
+  check_sub<I64>(L::max(), L::max(), 0);
+  using I32 = std::int32_t;
+  using M = std::numeric_limits<I32>;
+  check_add<I32>(M::max(), 1, std::nullopt);
+  check_add<I32>(M::max() - 1, 1, M::max());
+  check_sub<I32>(M::min(), 1, std::nullopt);
+  check_sub<I32>(M::min() + 1, 1, M::min());
+  STATIC_REQUIRE([] {
+    I64 r = 0;
+    return !posenc::detail::portable::add_overflow<I64>(40, 2, r) && r == 42;
+  }());
+}
+
+TEST_CASE("platform: prefetch is a hint and never faults on valid memory", "[core][platform]") {
+  std::array<int, 64> a{};
+  posenc::detail::prefetch<0, 3>(a.data());
+  posenc::detail::prefetch<1, 2>(a.data() + 32);
+  posenc::detail::prefetch<0, 0>(a.data() + 63);
+  CHECK(a[0] == 0);
 }

@@ -13,14 +13,9 @@
 #include <vector>
 
 #include "golden.hpp"
+#include "posenc/attention.hpp"
 #include "posenc/reference.hpp"
 #include "posenc/rope.hpp"
-
-#if __has_include("posenc/attention.hpp")
-#include "posenc/attention.hpp"
-#define POSENC_TEST_HAVE_KERNEL 1
-#endif
-
 #include "random.hpp"
 
 namespace {
@@ -270,7 +265,6 @@ TEST_CASE("rope_attention golden: RoPE on q and k then causal GQA attention", "[
   CHECK(violations(out, gc.at("out").f64(), golden::tolerance(gc, "out")) == 0);
   CHECK(violations(probs, gc.at("probs").f64(), golden::tolerance(gc, "probs")) == 0);
 
-#ifdef POSENC_TEST_HAVE_KERNEL
   SECTION("fused kernel with the rope encoding on the raw q, k") {
     const std::vector<double> q0 = qt.f64(), k0 = kt.f64();
     std::vector<double> fused(out.size(), -1.0);
@@ -280,7 +274,6 @@ TEST_CASE("rope_attention golden: RoPE on q and k then causal GQA attention", "[
                       r, opt);
     CHECK(violations(fused, gc.at("out").f64(), golden::tolerance(gc, "out")) == 0);
   }
-#endif
 }
 
 // The interleaved rotation runs 8 lanes (4 pairs) at a time with a scalar loop for the rest:
@@ -764,7 +757,6 @@ TEST_CASE("rope: kernel hooks — transform_qk and bind agree with apply", "[rop
   }
 }
 
-#ifdef POSENC_TEST_HAVE_KERNEL
 TEST_CASE("rope: fused attention equals the reference on pre-rotated q and k", "[rope][attention]") {
   for (auto layout : {posenc::rope_layout::half, posenc::rope_layout::interleaved}) {
     posenc::rope_config c = base_config(32, 10000.0, layout);
@@ -794,6 +786,5 @@ TEST_CASE("rope: fused attention equals the reference on pre-rotated q and k", "
     CHECK(max_abs_diff(got, want) <= 1e-12);
   }
 }
-#endif
 
 }  // namespace

@@ -2,10 +2,16 @@
 // write what it computes to a safetensors file and optionally compare with the case's expectations.
 //
 //   posenc-run [--dtype f64|f32] [--rope-angles exact|hf_float32] [--threads N] [--check] [--out FILE] CASE.json
+//   posenc-run --list-kinds
 //
 // A case is `<name>.json` (kind, params, tensor names, tolerances) plus the safetensors file it names
 // (inputs and expected outputs). Each kind is one runner function (`run_<kind>`) and one row of the
-// `kinds` table at the bottom; a new encoding family joins with one of each.
+// `kinds` table at the bottom; a new encoding family joins with one of each (docs/adding-an-encoding.md).
+//
+// --list-kinds prints that table, one kind per line: `<kind> <attention|-> <variants|->`. The second
+// column says whether the runner calls the fused kernel (the parity tests then also run it with
+// --threads 2); the third lists the extra parity variants (`hf_float32`: --rope-angles hf_float32).
+// It is the registry of kinds: tests/parity.cmake builds the parity tests from it when ctest runs.
 //
 // Precision: --dtype f64 (default) computes in double and is checked against the case tolerances
 // (formula-level parity, ~1e-11). --dtype f32 casts the F64 inputs to float, runs the float path and is
@@ -64,6 +70,7 @@ struct settings {
   bool hf_float32_angles = false;
   int threads = 1;
   bool check = false;
+  bool list_kinds = false;
   std::string out;
   std::string case_path;
 };
@@ -71,7 +78,8 @@ struct settings {
 [[noreturn]] void usage_error(const std::string& what) {
   std::cerr << "posenc-run: " << what << "\n"
             << "usage: posenc-run [--dtype f64|f32] [--rope-angles exact|hf_float32] [--threads N] [--check] "
-               "[--out FILE] CASE.json\n";
+               "[--out FILE] CASE.json\n"
+               "       posenc-run --list-kinds\n";
   std::exit(2);
 }
 
@@ -100,6 +108,8 @@ settings parse_args(int argc, char** argv) {
       s.threads = static_cast<int>(n);
     } else if (a == "--check") {
       s.check = true;
+    } else if (a == "--list-kinds") {
+      s.list_kinds = true;
     } else if (a == "--out") {
       s.out = value(i, a);
     } else if (a == "-h" || a == "--help") {
@@ -110,6 +120,10 @@ settings parse_args(int argc, char** argv) {
       if (!s.case_path.empty()) usage_error("only one CASE.json may be given");
       s.case_path = a;
     }
+  }
+  if (s.list_kinds) {
+    if (!s.case_path.empty()) usage_error("--list-kinds takes no CASE.json");
+    return s;
   }
   if (s.case_path.empty()) usage_error("missing CASE.json");
   return s;
@@ -905,25 +919,44 @@ results run_shaw(const run_env& env) {
 
 // ---- the kinds table: one row per family ---------------------------------------------------------
 
+/// Whether a kind's runner calls the fused kernel (posenc::attention): parity then also runs its
+/// cases with --threads 2.
+enum class kernel { no, yes };
+
+/// One row: the kind, its runners and what parity runs for it. A constructor rather than an aggregate
+/// so that a row cannot leave `kernel` out by accident.
 struct kind_runner {
+  using runner = results (*)(const run_env&);
+  constexpr kind_runner(std::string_view kind_, runner f64_, runner f32_, kernel kernel_,
+                        std::string_view variants_ = {})
+      : kind(kind_), f64(f64_), f32(f32_), runs_kernel(kernel_ == kernel::yes), variants(variants_) {}
   std::string_view kind;
-  results (*f64)(const run_env&);
-  results (*f32)(const run_env&);
+  runner f64, f32;
+  bool runs_kernel;
+  /// Extra parity variants, comma-separated: "hf_float32" = also --dtype f32 --rope-angles hf_float32.
+  std::string_view variants;
 };
 
 constexpr kind_runner kinds[] = {
-    {"sinusoidal", run_sinusoidal<double>, run_sinusoidal<float>},
-    {"rope", run_rope<double>, run_rope<float>},
-    {"rope_attention", run_rope_attention<double>, run_rope_attention<float>},
-    {"alibi", run_alibi<double>, run_alibi<float>},
-    {"t5", run_t5<double>, run_t5<float>},
-    {"shaw", run_shaw<double>, run_shaw<float>},
-    {"transformer_xl", run_transformer_xl<double>, run_transformer_xl<float>},
-    {"attention", run_attention<double>, run_attention<float>},
-    {"tupe", run_tupe<double>, run_tupe<float>},
-    {"deberta", run_deberta<double>, run_deberta<float>},
-    {"deberta_buckets", run_deberta<double>, run_deberta<float>},
+    {"sinusoidal", run_sinusoidal<double>, run_sinusoidal<float>, kernel::no},
+    {"rope", run_rope<double>, run_rope<float>, kernel::no, "hf_float32"},
+    {"rope_attention", run_rope_attention<double>, run_rope_attention<float>, kernel::yes},
+    {"alibi", run_alibi<double>, run_alibi<float>, kernel::yes},
+    {"t5", run_t5<double>, run_t5<float>, kernel::yes},
+    {"shaw", run_shaw<double>, run_shaw<float>, kernel::yes},
+    {"transformer_xl", run_transformer_xl<double>, run_transformer_xl<float>, kernel::yes},
+    {"attention", run_attention<double>, run_attention<float>, kernel::yes},
+    {"tupe", run_tupe<double>, run_tupe<float>, kernel::yes},
+    {"deberta", run_deberta<double>, run_deberta<float>, kernel::yes},
+    {"deberta_buckets", run_deberta<double>, run_deberta<float>, kernel::no},
 };
+
+/// --list-kinds: `<kind> <attention|-> <variants|->`, one line per kind (the format parity.cmake reads).
+void list_kinds() {
+  for (const auto& k : kinds)
+    std::printf("%-16s %-9s %s\n", std::string(k.kind).c_str(), k.runs_kernel ? "attention" : "-",
+                k.variants.empty() ? "-" : std::string(k.variants).c_str());
+}
 
 std::string supported_kinds() {
   std::string s;
@@ -1125,6 +1158,10 @@ void write_outputs(const results& res, const std::string& path, const case_data&
 
 int main(int argc, char** argv) {
   const settings s = parse_args(argc, argv);
+  if (s.list_kinds) {
+    list_kinds();
+    return 0;
+  }
   try {
     const case_data c(s.case_path);
     const std::string kind = c.kind();

@@ -203,9 +203,7 @@ class deberta_disentangled {
   [[nodiscard]] std::int64_t bucket(std::int64_t r) const { return buckets_ ? (*buckets_)(r) : r; }
   /// The row of Kr / Qr a pair uses: clip(bucket(q - k) + span, 0, 2 span - 1).
   [[nodiscard]] std::int32_t relative_row(std::int64_t q_pos, std::int64_t k_pos) const {
-    std::int64_t r = 0;
-    if (__builtin_sub_overflow(q_pos, k_pos, &r)) r = q_pos < k_pos ? std::numeric_limits<std::int64_t>::min()
-                                                                  : std::numeric_limits<std::int64_t>::max();
+    const std::int64_t r = detail::relative_distance(k_pos, q_pos);  // q - k, saturated
     const std::int64_t b = bucket(r);
     // b + span without overflow: anything beyond +-span is clipped anyway.
     const std::int64_t c = std::clamp<std::int64_t>(b, -span_, span_) + span_;

@@ -17,6 +17,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "posenc/detail/platform.hpp"
 #include "posenc/detail/table.hpp"
 #include "posenc/encoding.hpp"
 #include "posenc/error.hpp"
@@ -85,7 +86,7 @@ class learned_absolute {
     // Compare p against the valid position range rather than forming p + offset, which could overflow.
     if (p >= min_position() && p <= max_position()) return;
     std::int64_t row = 0;
-    const bool overflow = __builtin_add_overflow(p, options_.offset, &row);
+    const bool overflow = detail::add_overflow(p, options_.offset, row);
     require(false, "pos",
             "position has no row in the learned table (row = position + offset must be in [0, max_positions))", p,
             " at [", b, ", ", s, "]: row ", overflow ? std::string("out of int64") : std::to_string(row),

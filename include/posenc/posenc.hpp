@@ -2,6 +2,7 @@
 // (posenc/io/* is separate: it needs nlohmann-json.)
 #pragma once
 
+#include "posenc/version.hpp"
 #include "posenc/error.hpp"
 #include "posenc/tensor.hpp"
 #include "posenc/positions.hpp"

@@ -378,7 +378,7 @@ class transformer_xl {
     std::int64_t hi = 0, lo = 0;
     // Distances are formed per pair in int64 (plus one): keep them well inside its range.
     constexpr std::int64_t limit = std::int64_t{1} << 62;
-    require(!__builtin_sub_overflow(info.q_max, info.k_min, &hi) && !__builtin_sub_overflow(info.q_min, info.k_max, &lo) &&
+    require(!detail::sub_overflow(info.q_max, info.k_min, hi) && !detail::sub_overflow(info.q_min, info.k_max, lo) &&
                 hi < limit && lo > -limit,
             "positions", "query minus key positions must lie in (-2^62, 2^62)", "queries [", info.q_min, ", ",
             info.q_max, "], keys [", info.k_min, ", ", info.k_max, "]");

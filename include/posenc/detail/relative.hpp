@@ -26,6 +26,7 @@
 
 #include <Eigen/Core>
 
+#include "posenc/detail/platform.hpp"
 #include "posenc/encoding.hpp"
 
 namespace posenc::detail {
@@ -34,7 +35,7 @@ namespace posenc::detail {
 /// is beyond any clipping distance anyway).
 [[nodiscard]] inline std::int64_t relative_distance(std::int64_t q_pos, std::int64_t k_pos) {
   std::int64_t r = 0;
-  if (__builtin_sub_overflow(k_pos, q_pos, &r)) return k_pos > q_pos ? INT64_MAX : INT64_MIN;
+  if (sub_overflow(k_pos, q_pos, r)) return k_pos > q_pos ? INT64_MAX : INT64_MIN;
   return r;
 }
 
@@ -57,8 +58,8 @@ struct distance_range {
                                                                        std::int64_t b_min, std::int64_t b_max) {
   constexpr std::int64_t max_width = std::int64_t{1} << 24;
   std::int64_t lo = 0, hi = 0, width = 0;
-  if (__builtin_sub_overflow(a_min, b_max, &lo) || __builtin_sub_overflow(a_max, b_min, &hi) ||
-      __builtin_sub_overflow(hi, lo, &width) || width >= max_width)
+  if (sub_overflow(a_min, b_max, lo) || sub_overflow(a_max, b_min, hi) || sub_overflow(hi, lo, width) ||
+      width >= max_width)
     return std::nullopt;
   return distance_range{lo, hi};
 }

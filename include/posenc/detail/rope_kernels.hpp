@@ -18,6 +18,7 @@
 #include <numbers>
 #include <vector>
 
+#include "posenc/detail/platform.hpp"
 #include "posenc/tensor.hpp"
 
 namespace posenc::detail {
@@ -152,12 +153,11 @@ inline void rotate_half_copy(const T* __restrict in, T* __restrict out, const T*
 // with GCC/Clang vector extensions (__builtin_shufflevector, both compilers since GCC 12): g++ 12 and
 // clang++ 14 -O3 -march=native emit one vmovups of x and of the row, vpermilps $177 (pair swap),
 // vmovsldup / vmovshdup (or vpermilps $160 / $245), two vmulps and one vfmadd per 8 floats; without
-// AVX the same source becomes SSE shuffles. Other compilers run the scalar pair loop.
+// AVX the same source becomes SSE shuffles. Other compilers (no POSENC_VECTOR_EXTENSIONS,
+// detail/platform.hpp) run the scalar pair loop.
 // POSENC_ROPE_SCALAR forces the scalar loop (the test suite builds test_rope both ways).
-#if defined(__has_builtin) && !defined(POSENC_ROPE_SCALAR)
-#if __has_builtin(__builtin_shufflevector)
+#if defined(POSENC_VECTOR_EXTENSIONS) && !defined(POSENC_ROPE_SCALAR)
 #define POSENC_ROPE_VECTOR_EXTENSIONS 1
-#endif
 #endif
 
 #ifdef POSENC_ROPE_VECTOR_EXTENSIONS
