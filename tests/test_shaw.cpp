@@ -37,6 +37,9 @@ static_assert(!posenc::has_value_terms<posenc::shaw_keys<float>::bound, float>);
 static_assert(posenc::has_value_terms<posenc::shaw_values<float>::bound, float>);
 static_assert(!posenc::has_score_terms<posenc::shaw_values<float>::bound, float>);
 
+// The exact difference of two int64 positions (the oracle for the saturating one in the library).
+__extension__ using wide = __int128;
+
 namespace {
 
 struct shaw_case {
@@ -323,8 +326,8 @@ TEST_CASE("shaw: the tile hooks directly (one bucket, straddling, non-consecutiv
           REQUIRE(got == 0.25);  // beyond the tile: untouched
           continue;
         }
-        const __int128 r = static_cast<__int128>((*kp)[static_cast<std::size_t>(j)]) - qp[static_cast<std::size_t>(i)];
-        const idx bucket = static_cast<idx>(std::clamp<__int128>(r, -K, K) + K);
+        const wide r = static_cast<wide>((*kp)[static_cast<std::size_t>(j)]) - qp[static_cast<std::size_t>(i)];
+        const idx bucket = static_cast<idx>(std::clamp<wide>(r, -K, K) + K);
         double dot = 0;
         for (idx d = 0; d < D; ++d) dot += q[static_cast<std::size_t>(i * D + d)] * wk[static_cast<std::size_t>(bucket * D + d)];
         REQUIRE(std::abs(got - (0.25 + scale * dot)) <= 1e-14);
