@@ -31,10 +31,8 @@ inline void prefetch_bytes(const void* p, index_t bytes, bool for_write) {
 }
 
 /// Prefetches [p, p + bytes) into L1 for reading, for data consumed within a few rows of work (RoPE's
-/// transform, 4 rows ahead): into L2 only, the lines still had to come to L1 at the load. Measured
-/// with the pair driver (RoPE over no encoding in attention, L = 1024, causal, 1 thread, three runs
-/// each, alternating): input and table rows into L2 3.5 / 3.6 / 2.9 %, table rows into L1 3.1 / 2.6 /
-/// 3.2 %, both into L1 3.3 / 2.2 / 2.3 %.
+/// transform, 4 rows ahead): into L2 only, the lines still had to come to L1 at the load
+/// (docs/performance.md › Prefetch).
 inline void prefetch_bytes_l1(const void* p, index_t bytes) { prefetch_lines<0, 3>(p, bytes); }
 
 /// Prefetches every row of a strided row-major matrix map.
