@@ -11,8 +11,12 @@
 // NaN and +inf follow PyTorch's softmax: a row with a visible NaN or +inf score is NaN (its max is
 // NaN or +inf, and exp(s - max) is NaN for that entry), and a -inf score is a masked key. Such a row
 // is "poisoned": its weights, l, m and alpha become NaN, so the output row and the log-sum-exp are
-// NaN however many blocks follow. Without this, the flush below (max(s - m, c) with a NaN operand)
-// silently made the row all zeros, indistinguishable from a row that sees no key.
+// NaN however many blocks follow (before, the final l > 0 test turned such a row into zeros,
+// indistinguishable from a row that sees no key). Two checks find it: the row max (+inf, or NaN when
+// the reduction reports it), and the new l: Eigen's max keeps a NaN in its first operand, and the
+// flush below puts the score first, so a NaN score gives a NaN weight and a NaN sum. A NaN-propagating
+// row max (maxCoeff<PropagateNaN>) would find every case alone but made attention 3-4 % slower
+// (docs/performance.md › NaN and Inf).
 //
 // Weights below eps^4 of the row maximum (eps = machine epsilon: 2e-28 in float, 2.4e-63 in double)
 // are flushed to zero (flush_below): no number of them can change a row sum that holds the maximum's
@@ -57,7 +61,7 @@ struct online_softmax {
     bool rescale = false;
     for (index_t i = 0; i < s.rows(); ++i) {
       auto row = s.row(i).array();
-      const T row_max = row.template maxCoeff<Eigen::PropagateNaN>();
+      const T row_max = row.maxCoeff();
       if (std::isnan(m(i)) || std::isnan(row_max) || row_max == pos_inf) {  // poisoned (header comment)
         row.setConstant(nan);
         m(i) = l(i) = alpha(i) = nan;
@@ -80,6 +84,11 @@ struct online_softmax {
       row = ((row - m_new).max(flush_below).exp() - flush_weight).max(T(0));
       l(i) = alpha(i) * l(i) + row.sum();
       m(i) = m_new;
+      if (std::isnan(l(i))) {  // a NaN score the row max did not report (header comment)
+        row.setConstant(nan);
+        m(i) = l(i) = alpha(i) = nan;
+        rescale = true;
+      }
     }
     return rescale;
   }
