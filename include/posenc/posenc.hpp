@@ -16,4 +16,7 @@
 #include "posenc/rope.hpp"
 #include "posenc/alibi.hpp"
 #include "posenc/t5.hpp"
+#include "posenc/shaw.hpp"
+#include "posenc/transformer_xl.hpp"
 #include "posenc/tupe.hpp"
+#include "posenc/deberta.hpp"

@@ -6,6 +6,12 @@
 #include <cstdio>
 #include <vector>
 
+// Every family is reachable through the umbrella header alone.
+static_assert(posenc::encoding<posenc::rope> && posenc::encoding<posenc::alibi> &&
+              posenc::encoding<posenc::t5_relative_bias<float>> && posenc::encoding<posenc::shaw_keys<float>> &&
+              posenc::encoding<posenc::transformer_xl<float>> && posenc::encoding<posenc::tupe> &&
+              posenc::encoding<posenc::deberta_disentangled>);
+
 int main() {
   std::vector<float> q(4, 0.5f), k(4, 0.25f), v{1.f, 2.f, 3.f, 4.f}, out(4, 0.f);
   posenc::attention(posenc::heads_view<const float>(posenc::bshd(q.data(), 1, 1, 1, 4)),
