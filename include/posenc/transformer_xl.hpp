@@ -203,8 +203,7 @@ class transformer_xl {
       Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, 1>> uk(sc.key_bias.data(), t.cols);
       const Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, 1>> u(u_vec<T>().data() + t.head * d_, d_);
       uk.noalias() = t.k * (scale * u);
-      bool contiguous = true;
-      for (index_t j = 1; j < t.cols && contiguous; ++j) contiguous = t.k_pos[j] == t.k_pos[0] + j;
+      const bool contiguous = detail::consecutive_positions(t.k_pos, t.cols);
       const auto [kmin, kmax] = std::minmax_element(t.k_pos, t.k_pos + t.cols);
       // Rows in chunks: a chunk of r rows needs cols + r - 1 distances (contiguous positions), so the
       // (q+v).r product costs about (1 + (r - 1 + 2 a_panel) / cols) of the chunk's q.k product

@@ -33,6 +33,7 @@
 #pragma once
 
 #include <cmath>
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -44,6 +45,7 @@
 
 #include "posenc/detail/bucket_bias.hpp"
 #include "posenc/detail/buckets.hpp"
+#include "posenc/detail/relative.hpp"
 #include "posenc/detail/table.hpp"
 #include "posenc/encoding.hpp"
 #include "posenc/error.hpp"
@@ -205,17 +207,16 @@ class tupe {
       const index_t d = tb.dim;
       const T* pq = tb.pq.template data<T>() + t.head * tb.positions * d;
       const T* pk = tb.pk.template data<T>() + t.head * tb.positions * d;
-      if (contiguous(t.q_pos, t.rows) && contiguous(t.k_pos, t.cols)) {
-        const const_matrix_map<T> q(pq + t.q_pos[0] * d, t.rows, d, Eigen::OuterStride<>(d));
-        const const_matrix_map<T> k(pk + t.k_pos[0] * d, t.cols, d, Eigen::OuterStride<>(d));
-        s.noalias() += q * k.transpose();
-      } else {  // permuted or packed positions: gather the rows
-        const const_matrix_map<T> all_q(pq, tb.positions, d, Eigen::OuterStride<>(d));
-        const const_matrix_map<T> all_k(pk, tb.positions, d, Eigen::OuterStride<>(d));
-        const std::span<const std::int64_t> qi(t.q_pos, static_cast<std::size_t>(t.rows));
-        const std::span<const std::int64_t> ki(t.k_pos, static_cast<std::size_t>(t.cols));
-        s.noalias() += all_q(qi, Eigen::all) * all_k(ki, Eigen::all).transpose();
-      }
+      // The positions' rows of the tables: a block of them for consecutive positions (the usual
+      // case), else gathered into the thread's buffer (permuted or packed positions).
+      auto rows_of = [&](const T* table, const std::int64_t* pos, index_t n, index_t slot) {
+        if (detail::consecutive_positions(pos, n))
+          return const_matrix_map<T>(table + pos[0] * d, n, d, Eigen::OuterStride<>(d));
+        T* g = detail::thread_buffer<T>(2 * std::max(t.rows, t.cols) * d) + slot * std::max(t.rows, t.cols) * d;
+        for (index_t r = 0; r < n; ++r) std::copy_n(table + pos[r] * d, d, g + r * d);
+        return const_matrix_map<T>(g, n, d, Eigen::OuterStride<>(d));
+      };
+      s.noalias() += rows_of(pq, t.q_pos, t.rows, 0) * rows_of(pk, t.k_pos, t.cols, 1).transpose();
       if (cls_reset_) {  // Pq and Pk are zero at position 0: the product added nothing there
         const T row_c = tb.cls_row.template data<T>()[t.head], col_c = tb.cls_col.template data<T>()[t.head];
         for (index_t j = 0; j < t.cols; ++j) {
@@ -232,12 +233,6 @@ class tupe {
 
    private:
     friend class tupe;
-    static bool contiguous(const std::int64_t* p, index_t n) {
-      for (index_t i = 1; i < n; ++i)
-        if (p[i] != p[0] + i) return false;
-      return true;
-    }
-
     std::shared_ptr<const tables> tables_;
     bool cls_reset_ = false, has_relative_ = false;
     detail::bucket_bias_table<double> relative_;
