@@ -13,9 +13,11 @@
 
 #include <posenc/attention.hpp>
 
+#include <chrono>
 #include <cstdlib>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "pairs.hpp"
@@ -88,31 +90,90 @@ void BM_fused(benchmark::State& state) {
   set_counters(state, L, d, causal, 4.0 * static_cast<double>(L) * static_cast<double>(L) * static_cast<double>(d));
 }
 
-// Decode / chunked prefill against a KV cache: `rows` new queries (positions Lk - rows .. Lk - 1,
-// causal) over Lk cached keys, GQA 32 query heads / 8 kv heads, d = 128, 1 thread. Counter
-// GFLOPs: 4 * rows * Lk * d per query head. Short query blocks (< detail::min_packed_rows) take
-// the expression path (GEMV), longer ones pack K/V; this shows where the two meet.
-void BM_decode(benchmark::State& state) {
-  const Index rows = state.range(0), Lk = state.range(1);
+// Decode against a KV cache: `rows` new queries per head (positions Lk - rows .. Lk - 1, causal) over
+// Lk cached keys, GQA 32 query heads / 8 kv heads, d = 128, K/V stored as f32, f16 or bf16 (BSHD, as
+// a runtime appends them). Rows 1 and 4 take the decode strategy (4 and 16 rows per kv head), 16
+// the tiled one (64 rows per kv head).
+// Counters: KV_GBps, the K/V bytes one call reads over its time; triad_GBps, a STREAM triad
+// (a = b + s c) moving the same number of bytes on the same threads, measured in the same row right
+// before and after the timed loop (the better of the two); of_triad = KV_GBps / triad_GBps (1 = the
+// call runs at the memory speed of this machine); GFLOPs as 4 rows Lk d per query head.
+/// Bytes per second of a triad over `bytes` (three arrays), split over the pool's threads.
+double triad_rate(std::size_t bytes, Eigen::ThreadPool* pool) {
+  const std::size_t n = bytes / (3 * sizeof(float));
+  std::vector<float> a(n, 0.f), b = random_vector(n, 7), c = random_vector(n, 8);
+  const int parts = pool != nullptr ? pool->NumThreads() : 1;
+  auto part = [&](int t) {
+    const std::size_t lo = n * static_cast<std::size_t>(t) / static_cast<std::size_t>(parts);
+    const std::size_t hi = n * static_cast<std::size_t>(t + 1) / static_cast<std::size_t>(parts);
+    float* __restrict pa = a.data();
+    const float* __restrict pb = b.data();
+    const float* __restrict pc = c.data();
+    for (std::size_t i = lo; i < hi; ++i) pa[i] = pb[i] + 1.0001f * pc[i];
+  };
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (pool == nullptr) {
+      part(0);
+    } else {
+      Eigen::Barrier done(static_cast<unsigned>(parts));
+      for (int t = 0; t < parts; ++t)
+        pool->Schedule([&, t] {
+          part(t);
+          done.Notify();
+        });
+      done.Wait();
+    }
+    benchmark::DoNotOptimize(a.data());
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, 3.0 * static_cast<double>(n) * sizeof(float) / sec);
+  }
+  return best;
+}
+
+template <class KV>
+std::vector<KV> stored_as(const std::vector<float>& x) {
+  std::vector<KV> out(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) out[i] = static_cast<KV>(x[i]);
+  return out;
+}
+
+template <class KV>
+void decode_rows(benchmark::State& state) {
+  const Index rows = state.range(0), Lk = state.range(1), threads = state.range(2);
   constexpr Index H = 32, Hkv = 8, d = 128;
   const auto q = random_vector(static_cast<std::size_t>(rows * H * d), 1);
-  const auto k = random_vector(static_cast<std::size_t>(Lk * Hkv * d), 2);
-  const auto v = random_vector(static_cast<std::size_t>(Lk * Hkv * d), 3);
+  const auto k = stored_as<KV>(random_vector(static_cast<std::size_t>(Lk * Hkv * d), 2));
+  const auto v = stored_as<KV>(random_vector(static_cast<std::size_t>(Lk * Hkv * d), 3));
   std::vector<float> out(q.size());
+  const auto pool = make_pool(threads);
   posenc::attention_options opt;
   opt.causal = true;
   opt.q_offset = Lk - rows;
+  opt.pool = pool.get();
+  // Strategy for A/B runs (POSENC_PATH=tiled|decode); unset = automatic.
+  if (const char* e = std::getenv("POSENC_PATH"))
+    opt.path = std::string(e) == "tiled" ? posenc::attention_path::tiled : posenc::attention_path::decode;
+  const std::size_t kv_bytes = 2 * k.size() * sizeof(KV);
+  double triad = triad_rate(kv_bytes, pool.get());
+  const auto t0 = std::chrono::steady_clock::now();
   for (auto _ : state) {
     posenc::attention<float>(posenc::bshd<const float>(q.data(), 1, rows, H, d),
-                             posenc::bshd<const float>(k.data(), 1, Lk, Hkv, d),
-                             posenc::bshd<const float>(v.data(), 1, Lk, Hkv, d), posenc::bshd(out.data(), 1, rows, H, d),
+                             posenc::bshd<const KV>(k.data(), 1, Lk, Hkv, d),
+                             posenc::bshd<const KV>(v.data(), 1, Lk, Hkv, d), posenc::bshd(out.data(), 1, rows, H, d),
                              posenc::no_position{}, opt);
     benchmark::DoNotOptimize(out.data());
     benchmark::ClobberMemory();
   }
-  state.counters["GFLOPs"] = benchmark::Counter(4.0 * static_cast<double>(rows * Lk * d * H) * 1e-9 *
-                                                    static_cast<double>(state.iterations()),
-                                                benchmark::Counter::kIsRate);
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  triad = std::max(triad, triad_rate(kv_bytes, pool.get()));
+  const double iters = static_cast<double>(state.iterations());
+  state.counters["GFLOPs"] =
+      benchmark::Counter(4.0 * static_cast<double>(rows * Lk * d * H) * 1e-9 * iters, benchmark::Counter::kIsRate);
+  state.counters["KV_GBps"] = benchmark::Counter(static_cast<double>(kv_bytes) * 1e-9 * iters, benchmark::Counter::kIsRate);
+  state.counters["triad_GBps"] = triad * 1e-9;
+  state.counters["of_triad"] = static_cast<double>(kv_bytes) * iters / sec / triad;
 }
 
 // Runs f(head) for the 8 heads, on `threads` threads (heads split evenly, no pool overhead inside).
@@ -223,7 +284,21 @@ void gemm_args(benchmark::internal::Benchmark* b) {
 }
 
 BENCHMARK(BM_fused)->Apply(fused_args)->ArgNames({"L", "d", "causal", "threads"})->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_decode)->ArgsProduct({{1, 4, 8, 15, 16, 32, 64}, {4096}})->ArgNames({"rows", "Lk"})->Unit(benchmark::kMicrosecond)->UseRealTime();
+/// BM_decode/kv:<f32|f16|bf16>/rows:<r>/Lk:<Lk>/threads:<t> (stable names: scripts select rows by them).
+template <class KV>
+void register_decode(const char* kv) {
+  benchmark::RegisterBenchmark((std::string("BM_decode/kv:") + kv).c_str(), decode_rows<KV>)
+      ->ArgsProduct({{1, 4, 16}, {4096, 32768}, {1, 2}})
+      ->ArgNames({"rows", "Lk", "threads"})
+      ->Unit(benchmark::kMicrosecond)
+      ->UseRealTime();
+}
+[[maybe_unused]] const bool decode_registered = [] {
+  register_decode<float>("f32");
+  register_decode<Eigen::half>("f16");
+  register_decode<Eigen::bfloat16>("bf16");
+  return true;
+}();
 BENCHMARK(BM_gemm_qkT)->Apply(gemm_args)->ArgNames({"L", "d", "causal", "threads"})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_naive)->Apply(reference_args)->ArgNames({"L", "d", "causal", "threads"})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_fused_vs_naive)->ArgsProduct({{512}, {64, 128}, {0, 1}, {1, 2}})->ArgNames({"L", "d", "causal", "threads"})

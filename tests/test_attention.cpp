@@ -47,6 +47,7 @@ struct config {
   Index q_block = 0, k_block = 0;
   unsigned seed = 1;
   double scale_inputs = 1.0;
+  posenc::attention_path path = posenc::attention_path::automatic;
 };
 
 std::string describe(const config& c) {
@@ -55,7 +56,8 @@ std::string describe(const config& c) {
          " Dv=" + std::to_string(c.Dv) + (c.order == layout::bshd ? " bshd" : " bhsd") +
          (c.causal ? " causal" : "") + " pad=" + std::to_string(static_cast<int>(c.pad)) +
          " off=" + std::to_string(static_cast<int>(c.off)) + " blocks=" + std::to_string(c.q_block) + "x" +
-         std::to_string(c.k_block);
+         std::to_string(c.k_block) +
+         (c.path == posenc::attention_path::decode ? " decode" : c.path == posenc::attention_path::tiled ? " tiled" : "");
 }
 
 // Inputs in double plus the masks/positions the options point into (kept alive here).
@@ -110,6 +112,7 @@ struct problem {
     }
     if (!pad_mask.empty()) o.key_padding_mask = posenc::tensor_map<const std::int64_t, 2>(pad_mask.data(), c.B, c.Sk);
     if (!kv_len.empty()) o.kv_lengths = kv_len;
+    o.path = c.path;
     return o;
   }
 };
@@ -1483,4 +1486,206 @@ TEST_CASE("merge: a NaN part gives a NaN row", "[kernel]") {
                         posenc::bshd(o.data(), 1, 2, 1, 2), posenc::tensor_map<double, 3>(lo.data(), 1, 1, 2));
   for (double x : o) CHECK(std::isnan(x));
   for (double x : lo) CHECK(std::isnan(x));
+}
+
+// ---- the decode strategy (detail/attention_decode.hpp) -----------------------------------------------
+
+namespace {
+
+std::vector<config> with_path(std::vector<config> cs, posenc::attention_path path) {
+  for (config& c : cs) c.path = path;
+  return cs;
+}
+
+// Decode shapes: a few query rows per kv head against caches that span several split-KV segments
+// (1024 keys) and tiles (64 keys), with every mask and position option, head dims that are not a
+// whole number of packets, and value dims unlike the key dims.
+std::vector<config> decode_configs() {
+  std::vector<config> out;
+  auto add = [&](Index sq, Index sk, Index h, Index hkv, Index d, Index dv, layout order, bool causal, padding pad,
+                 offset off) {
+    out.push_back(config{.B = pad == padding::lengths ? 3 : 2, .Sq = sq, .Sk = sk, .H = h, .Hkv = hkv, .D = d,
+                         .Dv = dv, .order = order, .causal = causal, .pad = pad, .off = off,
+                         .seed = static_cast<unsigned>(300 + out.size())});
+  };
+  add(1, 2500, 8, 2, 72, 40, layout::bshd, true, padding::none, offset::q_offset);
+  add(1, 1025, 4, 1, 128, 128, layout::bshd, true, padding::mask, offset::q_offset);
+  add(3, 2049, 8, 2, 16, 24, layout::bhsd, true, padding::lengths, offset::q_offset);
+  add(2, 1100, 2, 2, 33, 7, layout::bshd, false, padding::mask, offset::none);
+  add(5, 1500, 6, 3, 64, 64, layout::bhsd, true, padding::none, offset::explicit_positions);
+  add(4, 1300, 4, 4, 20, 20, layout::bshd, true, padding::mask, offset::shuffled_keys);
+  add(16, 700, 1, 1, 128, 64, layout::bshd, true, padding::none, offset::q_offset);
+  add(1, 63, 32, 8, 128, 128, layout::bshd, true, padding::none, offset::q_offset);
+  add(1, 0, 4, 2, 8, 8, layout::bshd, false, padding::none, offset::none);
+  return out;
+}
+
+// A test encoding with every hook but the value terms (those need the tiled path).
+struct hooks_without_values {
+  rotate_qk rot;
+  distance_bias bias;
+  relative_terms rel;
+  static double logit_scale(Index d) { return 0.5 / std::sqrt(static_cast<double>(d)); }
+  template <class T>
+  void transform_qk(posenc::qk_role r, Index h, std::span<const std::int64_t> pos, posenc::matrix_map<T> x) const {
+    rot.transform_qk<T>(r, h, pos, x);
+  }
+  template <class T>
+  void add_score_terms(const posenc::tile<T>& t, T scale, posenc::matrix_map<T> s) const {
+    rel.add_score_terms<T>(t, scale, s);
+  }
+  template <class T>
+  void add_position_bias(const posenc::tile<T>& t, posenc::matrix_map<T> s) const {
+    bias.add_position_bias<T>(t, s);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("attention, decode path: small sizes, every option combination, double and float", "[kernel][decode]") {
+  for (const config& c : with_path(small_configs(), posenc::attention_path::decode)) {
+    check_case<double>(c, posenc::no_position{});
+    check_case<float>(c, posenc::no_position{});
+  }
+}
+
+TEST_CASE("attention, tiled path forced: small sizes, every option combination, float", "[kernel]") {
+  for (const config& c : with_path(small_configs(), posenc::attention_path::tiled)) check_case<float>(c, posenc::no_position{});
+}
+
+TEST_CASE("attention, decode path: caches over several segments and tiles", "[kernel][decode]") {
+  for (const auto path : {posenc::attention_path::automatic, posenc::attention_path::decode})
+    for (const config& c : with_path(decode_configs(), path)) check_both(c, posenc::no_position{});
+}
+
+TEST_CASE("attention, decode path: Q/K transform, score terms and bias per query head", "[kernel][decode]") {
+  for (const config& c : with_path(decode_configs(), posenc::attention_path::decode)) {
+    if (c.D % 2 != 0 || c.Sk == 0) continue;
+    INFO(describe(c));
+    const problem p(c);
+    const rotate_qk rot;
+    check_case<double>(c, rot, {}, rotate_reference(p));
+    check_case<float>(c, rot, {}, rotate_reference(p));
+    check_both(c, distance_bias{}, distance_bias_terms(p));
+    const relative_terms rel(3, c.D, 7);
+    check_both(c, rel, relative_reference(p, rel));
+  }
+}
+
+TEST_CASE("attention, decode path: an encoding with value terms cannot be forced onto it", "[kernel][decode][errors]") {
+  config c{.Sq = 1, .Sk = 40, .H = 2, .Hkv = 1, .path = posenc::attention_path::decode};
+  const problem p(c);
+  const relative_values enc(2, c.H, c.Dv, 11);
+  try {
+    (void)run_kernel<float>(p, enc);
+    FAIL("no error");
+  } catch (const posenc::error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("path") && Catch::Contains("value terms"));
+  }
+  // automatic picks the tiled path for it, and matches the reference
+  c.path = posenc::attention_path::automatic;
+  check_both(c, enc, value_reference(problem(c), enc));
+}
+
+TEST_CASE("attention, decode path: bitwise identical for 1, 2 and 8 threads (fixed split-KV segments)",
+          "[kernel][decode]") {
+  Eigen::ThreadPool two(2), eight(8);
+  for (config c : {config{.B = 1, .Sq = 1, .Sk = 5000, .H = 4, .Hkv = 1, .D = 64, .Dv = 64, .causal = true,
+                          .off = offset::q_offset},
+                   config{.B = 2, .Sq = 2, .Sk = 3000, .H = 8, .Hkv = 2, .D = 40, .Dv = 24, .causal = true,
+                          .pad = padding::mask, .off = offset::q_offset}}) {
+    INFO(describe(c));
+    const problem p(c);
+    hooks_without_values enc{.rot = {}, .bias = {}, .rel = relative_terms(3, c.D, 7)};
+    const result f1 = run_kernel<float>(p, enc), f2 = run_kernel<float>(p, enc, &two),
+                 f8 = run_kernel<float>(p, enc, &eight);
+    CHECK(f1.out == f2.out);
+    CHECK(f1.out == f8.out);
+    CHECK(f1.lse == f2.lse);
+    CHECK(f1.lse == f8.lse);
+    const result d1 = run_kernel<double>(p, posenc::no_position{}), d8 = run_kernel<double>(p, posenc::no_position{}, &eight);
+    CHECK(d1.out == d8.out);
+  }
+}
+
+// ---- K/V stored in half precision -----------------------------------------------------------------
+
+namespace {
+
+// Kernel in T with k and v stored as KV (q and out in T).
+template <class T, class KV, class E>
+result run_kernel_kv(const problem& p, const E& enc, Eigen::ThreadPoolInterface* pool = nullptr) {
+  const config& c = p.c;
+  const auto q = cast<T>(p.q);
+  std::vector<KV> k(p.k.size()), v(p.v.size());
+  for (std::size_t i = 0; i < k.size(); ++i) k[i] = static_cast<KV>(static_cast<float>(p.k[i]));
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<KV>(static_cast<float>(p.v[i]));
+  std::vector<T> out(static_cast<std::size_t>(c.B * c.Sq * c.H * c.Dv), T(123));
+  std::vector<T> lse(static_cast<std::size_t>(c.B * c.H * c.Sq), T(123));
+  auto opt = p.options();
+  opt.pool = pool;
+  posenc::attention<T, KV>(view<const T>(q.data(), c.B, c.Sq, c.H, c.D, c.order),
+                           view<const KV>(k.data(), c.B, c.Sk, c.Hkv, c.D, c.order),
+                           view<const KV>(v.data(), c.B, c.Sk, c.Hkv, c.Dv, c.order),
+                           view<T>(out.data(), c.B, c.Sq, c.H, c.Dv, c.order),
+                           posenc::tensor_map<T, 3>(lse.data(), c.B, c.H, c.Sq), enc, opt);
+  return {std::vector<double>(out.begin(), out.end()), std::vector<double>(lse.begin(), lse.end())};
+}
+
+// The problem with k and v rounded to KV (q to T): the reference then sees exactly the stored values.
+template <class T, class KV>
+problem rounded_kv(const config& c) {
+  problem p(c);
+  for (auto& x : p.q) x = static_cast<double>(static_cast<T>(x));
+  for (auto* x : {&p.k, &p.v})
+    for (auto& e : *x) e = static_cast<double>(static_cast<float>(static_cast<KV>(static_cast<float>(e))));
+  return p;
+}
+
+template <class T, class KV, class E>
+void check_kv(const config& c, const E& enc, const posenc::reference_terms<double>& terms = {}) {
+  INFO(describe(c) << (std::is_same_v<KV, Eigen::half> ? " f16" : " bf16")
+                   << (std::is_same_v<T, float> ? " float" : " double"));
+  const problem p = rounded_kv<T, KV>(c);
+  const result got = run_kernel_kv<T, KV>(p, enc);
+  const result want = run_reference<double>(p, terms);
+  expect_close<T>(got.out, want.out, "out");
+  expect_close<T>(got.lse, want.lse, "lse");
+}
+
+}  // namespace
+
+TEST_CASE("attention: K/V in f16 and bf16, decode and tiled paths, against the reference on the stored values",
+          "[kernel][decode]") {
+  std::vector<config> cs = decode_configs();
+  for (config c : {config{.B = 2, .Sq = 129, .Sk = 300, .H = 4, .Hkv = 2, .D = 40, .Dv = 24, .causal = true,
+                          .pad = padding::mask, .off = offset::q_offset, .q_block = 64, .k_block = 128},
+                   config{.B = 1, .Sq = 70, .Sk = 70, .H = 2, .Hkv = 1, .D = 17, .Dv = 9, .order = layout::bhsd,
+                          .off = offset::shuffled_keys}})
+    cs.push_back(c);
+  for (config c : cs) {
+    for (const auto path : {posenc::attention_path::automatic, posenc::attention_path::tiled}) {
+      c.path = path;
+      check_kv<float, Eigen::half>(c, posenc::no_position{});
+      check_kv<float, Eigen::bfloat16>(c, posenc::no_position{});
+      check_kv<double, Eigen::half>(c, posenc::no_position{});
+    }
+  }
+}
+
+TEST_CASE("attention: K/V in half precision with a Q/K transform and a bias (both paths)", "[kernel][decode]") {
+  for (config c : {config{.B = 2, .Sq = 1, .Sk = 1500, .H = 8, .Hkv = 2, .D = 64, .Dv = 64, .causal = true,
+                          .off = offset::q_offset},
+                   config{.B = 1, .Sq = 100, .Sk = 300, .H = 4, .Hkv = 2, .D = 32, .Dv = 16, .causal = true,
+                          .off = offset::q_offset, .q_block = 32, .k_block = 64}}) {
+    const problem p = rounded_kv<float, Eigen::bfloat16>(c);
+    distance_bias bias;
+    check_kv<float, Eigen::bfloat16>(c, bias, distance_bias_terms(p));
+    // the rotation: reference rotates the stored (rounded) keys
+    const rotate_qk rot;
+    const result got = run_kernel_kv<float, Eigen::half>(rounded_kv<float, Eigen::half>(c), rot);
+    const problem ph = rounded_kv<float, Eigen::half>(c);
+    const result want = run_reference<double>(ph, {}, rotate_reference(ph));
+    expect_close<float>(got.out, want.out, "out");
+  }
 }

@@ -38,6 +38,7 @@
 
 #include <Eigen/Core>
 
+#include "posenc/detail/attention_decode.hpp"
 #include "posenc/detail/attention_operands.hpp"
 #include "posenc/detail/attention_schedule.hpp"
 #include "posenc/detail/attention_tile.hpp"
@@ -67,12 +68,12 @@ template <class A, class B>
 /// One call of the kernel: scheduling (attention_schedule: items, units, the causal plan), operand
 /// supply (operand_supply: queries, keys and values as the tiles need them) and tile math (tile_math:
 /// one step per tile, then the unit's normalization), run over the work items.
-template <class T, class Bound>
+template <class T, class KV, class Bound>
 class fused_attention {
  public:
   using scratch = attention_scratch<T>;
 
-  fused_attention(heads_view<const T> q, heads_view<const T> k, heads_view<const T> v, heads_view<T> out, T* lse,
+  fused_attention(heads_view<const T> q, heads_view<const KV> k, heads_view<const KV> v, heads_view<T> out, T* lse,
                   const Bound& enc, const call_masks& masks, T scale, index_t q_block, index_t k_block,
                   index_t buckets, index_t threads)
       : out_(out), lse_(lse), heads_(q.heads()), q_len_(q.seq()),
@@ -139,17 +140,35 @@ class fused_attention {
   T* lse_;
   index_t heads_, q_len_;
   attention_schedule sched_;
-  operand_supply<T, Bound> operands_;
+  operand_supply<T, KV, Bound> operands_;
   tile_math<T, Bound> math_;
 };
 
+/// The strategy of a call (ggml's flash attention likewise picks one flat function per shape): decode
+/// (K/V streamed, split-KV) for at most decode_max_rows query rows per kv head, tiled otherwise.
+/// Depends on the shape and the encoding only, never on the thread count.
+template <class Bound, class T>
+[[nodiscard]] bool choose_decode(attention_path path, index_t group, index_t q_len) {
+  switch (path) {
+    case attention_path::tiled:
+      return false;
+    case attention_path::decode:
+      require(decode_supports<Bound, T>, "path",
+              "decode cannot run an encoding with value terms (use attention_path::tiled or automatic)");
+      return true;
+    case attention_path::automatic:
+      break;
+  }
+  return decode_supports<Bound, T> && group * q_len <= decode_max_rows;
+}
+
 /// Everything the public overloads share: validation first (nothing written on error), then the
 /// kernel.
-template <class T, class E>
-void attention_impl(heads_view<const T> q, heads_view<const T> k, heads_view<const T> v, heads_view<T> out,
+template <class T, class KV, class E>
+void attention_impl(heads_view<const T> q, heads_view<const KV> k, heads_view<const KV> v, heads_view<T> out,
                     std::optional<tensor_map<T, 3>> lse, const E& enc, const attention_options& opt) {
   static_assert(has_attention_hook<E, T>, "posenc::attention: the encoding has no hook for this scalar type");
-  check_attention_shapes<T>(q, k, v, out);
+  check_attention_shapes<T, KV>(q, k, v, out);
   const index_t B = q.batch(), H = q.heads(), Hkv = k.heads(), Sq = q.seq(), Sk = k.seq(), D = q.dim(), Dv = v.dim();
   if (lse)
     require(lse->dimension(0) == B && lse->dimension(1) == H && lse->dimension(2) == Sq, "lse",
@@ -185,15 +204,23 @@ void attention_impl(heads_view<const T> q, heads_view<const T> k, heads_view<con
               "] for [", buckets, ", ", Dv, "] at head ", h);
     }
   }
+  const bool decode = choose_decode<bound_type, T>(opt.path, H / std::max<index_t>(Hkv, 1), Sq);
   if (B * H * Sq == 0) return;
 
+  if (decode) {
+    decode_attention<T, KV, bound_type> kernel(q, k, v, out, lse ? lse->data() : nullptr, bound, masks,
+                                               static_cast<T>(scale));
+    kernel.run(opt.pool);
+    return;
+  }
   const index_t q_block = opt.q_block > 0 ? opt.q_block : default_q_block;
   const index_t k_block = opt.k_block > 0 ? opt.k_block : default_k_block;
-  fused_attention<T, bound_type> kernel(q, k, v, out, lse ? lse->data() : nullptr, bound, masks,
-                                        static_cast<T>(scale), q_block, k_block, buckets,
-                                        opt.pool != nullptr ? std::max<index_t>(opt.pool->NumThreads(), 1) : 1);
+  fused_attention<T, KV, bound_type> kernel(q, k, v, out, lse ? lse->data() : nullptr, bound, masks,
+                                            static_cast<T>(scale), q_block, k_block, buckets,
+                                            opt.pool != nullptr ? std::max<index_t>(opt.pool->NumThreads(), 1) : 1);
   kernel.run(opt.pool);
 }
+
 
 }  // namespace detail
 
@@ -204,7 +231,16 @@ void attention_impl(heads_view<const T> q, heads_view<const T> k, heads_view<con
 template <class T, attention_encoding E = no_position>
 void attention(heads_view<const T> q, heads_view<const T> k, heads_view<const T> v, heads_view<T> out,
                const E& enc = {}, const attention_options& opt = {}) {
-  detail::attention_impl<T>(q, k, v, out, std::nullopt, enc, opt);
+  detail::attention_impl<T, T>(q, k, v, out, std::nullopt, enc, opt);
+}
+
+/// Same, with k and v stored in half precision (a KV cache in Eigen::half or Eigen::bfloat16): q, out
+/// and every accumulation stay in T; K and V are widened (exactly) as the tiles read them.
+template <class T, class KV, attention_encoding E = no_position>
+  requires is_half_storage<KV>
+void attention(heads_view<const T> q, heads_view<const KV> k, heads_view<const KV> v, heads_view<T> out,
+               const E& enc = {}, const attention_options& opt = {}) {
+  detail::attention_impl<T, KV>(q, k, v, out, std::nullopt, enc, opt);
 }
 
 /// Same, and writes lse [batch, heads, q_len]: the natural-log log-sum-exp of each row's scaled
@@ -213,7 +249,15 @@ void attention(heads_view<const T> q, heads_view<const T> k, heads_view<const T>
 template <class T, attention_encoding E = no_position>
 void attention(heads_view<const T> q, heads_view<const T> k, heads_view<const T> v, heads_view<T> out,
                tensor_map<T, 3> lse, const E& enc = {}, const attention_options& opt = {}) {
-  detail::attention_impl<T>(q, k, v, out, std::optional<tensor_map<T, 3>>(lse), enc, opt);
+  detail::attention_impl<T, T>(q, k, v, out, std::optional<tensor_map<T, 3>>(lse), enc, opt);
+}
+
+/// Same with lse, k and v in half precision.
+template <class T, class KV, attention_encoding E = no_position>
+  requires is_half_storage<KV>
+void attention(heads_view<const T> q, heads_view<const KV> k, heads_view<const KV> v, heads_view<T> out,
+               tensor_map<T, 3> lse, const E& enc = {}, const attention_options& opt = {}) {
+  detail::attention_impl<T, KV>(q, k, v, out, std::optional<tensor_map<T, 3>>(lse), enc, opt);
 }
 
 /// Exact combination of two partial attentions over disjoint key ranges (split-KV decoding, ring /

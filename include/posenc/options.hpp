@@ -18,6 +18,15 @@
 
 namespace posenc {
 
+/// Which strategy runs a call (docs/design.md › Strategies): automatic picks decode for at most 16 query
+/// rows per kv head (its group of query heads x q_len) and tiled otherwise; forcing one is for tests
+/// and measurements. Both give the same attention up to rounding.
+enum class attention_path {
+  automatic,
+  tiled,   ///< query blocks x packed K/V blocks (GEBP): prefill, many rows
+  decode,  ///< the group's few rows against K/V streamed from the cache, split-KV across threads
+};
+
 struct attention_options {
   /// Logit scale; unset = the encoding's logit_scale(head_dim), else 1/sqrt(head_dim).
   std::optional<double> scale{};
@@ -37,6 +46,8 @@ struct attention_options {
   /// Tile sizes; 0 = the kernel's measured defaults.
   index_t q_block = 0;
   index_t k_block = 0;
+  /// Strategy; automatic = chosen by shape (never by thread count).
+  attention_path path = attention_path::automatic;
 };
 
 }  // namespace posenc

@@ -43,7 +43,7 @@ void reference_attention(heads_view<const T> q, heads_view<const T> k, heads_vie
                          const attention_options& opt = {}, const reference_terms<T>& terms = {},
                          std::optional<tensor_map<T, 4>> probs = std::nullopt,
                          std::optional<tensor_map<T, 3>> lse = std::nullopt) {
-  detail::check_attention_shapes<T>(q, k, v, out);
+  detail::check_attention_shapes<T, T>(q, k, v, out);
   const index_t B = q.batch(), H = q.heads(), Hkv = k.heads(), Sq = q.seq(), Sk = k.seq(), D = q.dim(), Dv = v.dim();
   if (probs)
     require(probs->dimension(0) == B && probs->dimension(1) == H && probs->dimension(2) == Sq &&

@@ -20,6 +20,7 @@
 #include <Eigen/Core>
 
 #include "posenc/detail/attention_schedule.hpp"
+#include "posenc/detail/kv_storage.hpp"
 #include "posenc/detail/online_softmax.hpp"
 #include "posenc/detail/prefetch.hpp"
 #include "posenc/detail/thread.hpp"
@@ -45,6 +46,7 @@ struct attention_scratch {
   std::vector<unit_state> units;
   buffer k_work;    ///< a transformed key block (key_store::item, unpacked)
   buffer qk_piece;  ///< a few transformed rows on their way to a packed operand (transform_packed)
+  buffer k_wide, v_wide;  ///< a block of a half-precision cache, widened to T (detail/kv_storage.hpp)
   buffer k_packed, v_packed, p_packed, scores;
   Eigen::Matrix<std::int32_t, Eigen::Dynamic, 1> buckets;
   std::vector<block_plan> plan;  ///< the current item's key blocks
@@ -68,7 +70,7 @@ struct block_operands {
   const T* v_packed;      ///< V^T packed as GEBP's A operand (null when no unit is packed)
 };
 
-template <class T, class Bound>
+template <class T, class KV, class Bound>
 class operand_supply {
  public:
   using gemm = tile_gemm<T>;
@@ -79,7 +81,7 @@ class operand_supply {
   static constexpr bool hooks_read_qk =
       has_score_terms<Bound, T> || has_position_bias<Bound, T> || has_value_terms<Bound, T>;
 
-  operand_supply(heads_view<const T> q, heads_view<const T> k, heads_view<const T> v, const Bound& enc,
+  operand_supply(heads_view<const T> q, heads_view<const KV> k, heads_view<const KV> v, const Bound& enc,
                  const attention_schedule& sched, T scale)
       : q_(q), k_(k), v_(v), enc_(enc), sched_(sched), scale_(scale), dim_(q.dim()), vdim_(v.dim()),
         kv_heads_(k.heads()) {
@@ -141,14 +143,14 @@ class operand_supply {
           case key_store::item:
             if (packed_only_) {
               T* packed = scratch::at_least(sc.k_packed, blk.cols * dim_);
-              transform_packed(qk_role::key, hk, sched_.key_positions(b, blk), caller_keys(b, hk, blk), packed, true,
-                               sc);
+              transform_packed(qk_role::key, hk, sched_.key_positions(b, blk), caller_keys(b, hk, blk, sc), packed,
+                               true, sc);
               k_packed = packed;
               return no_rows();
             } else {
               matrix_map<T> kt(scratch::at_least(sc.k_work, blk.cols * dim_), blk.cols, dim_,
                                Eigen::OuterStride<>(dim_));
-              transform_into(qk_role::key, hk, sched_.key_positions(b, blk), caller_keys(b, hk, blk), kt);
+              transform_into(qk_role::key, hk, sched_.key_positions(b, blk), caller_keys(b, hk, blk, sc), kt);
               return const_matrix_map<T>(kt.data(), kcols, dim_, Eigen::OuterStride<>(dim_));
             }
           case key_store::shared:
@@ -161,9 +163,9 @@ class operand_supply {
             break;
         }
       }
-      return k_.matrix(b, hk, blk.first, kcols);
+      return rows_as<T>(k_, b, hk, blk.first, kcols, sc.k_wide);
     }();
-    const const_matrix_map<T> v = v_.matrix(b, hk, blk.first, kcols);
+    const const_matrix_map<T> v = rows_as<T>(v_, b, hk, blk.first, kcols, sc.v_wide);
     const T* v_packed = nullptr;
     if (p.any_packed) {
       if (k_packed == nullptr) {
@@ -207,8 +209,8 @@ class operand_supply {
       if (!sched_.block_seen(b, blk)) return;
       T* dst = shared_keys_.data() + shared_offset(b, hk, kb);
       if (packed_only_)
-        transform_packed(qk_role::key, hk, sched_.key_positions(b, blk), caller_keys(b, hk, blk), dst, true, sc);
-      else transform_into(qk_role::key, hk, sched_.key_positions(b, blk), caller_keys(b, hk, blk),
+        transform_packed(qk_role::key, hk, sched_.key_positions(b, blk), caller_keys(b, hk, blk, sc), dst, true, sc);
+      else transform_into(qk_role::key, hk, sched_.key_positions(b, blk), caller_keys(b, hk, blk, sc),
                           matrix_map<T>(dst, blk.cols, dim_, Eigen::OuterStride<>(dim_)));
     });
   }
@@ -244,8 +246,9 @@ class operand_supply {
     }
   }
 
-  [[nodiscard]] const_matrix_map<T> caller_keys(index_t b, index_t hk, const key_block& blk) const {
-    return k_.matrix(b, hk, blk.first, blk.cols);
+  /// The block's keys as the caller stored them, widened to T for a half-precision cache.
+  [[nodiscard]] const_matrix_map<T> caller_keys(index_t b, index_t hk, const key_block& blk, scratch& sc) const {
+    return rows_as<T>(k_, b, hk, blk.first, blk.cols, sc.k_wide);
   }
 
   /// Queries or keys that went straight into a packed operand: nothing unpacked for the hooks to read.
@@ -268,7 +271,8 @@ class operand_supply {
     return shared_keys_.data() + shared_offset(b, hk, kb);
   }
 
-  heads_view<const T> q_, k_, v_;
+  heads_view<const T> q_;
+  heads_view<const KV> k_, v_;
   const Bound& enc_;
   const attention_schedule& sched_;
   T scale_;

@@ -103,9 +103,9 @@ inline call_masks resolve_masks(const attention_options& opt, index_t batch, ind
 }
 
 /// Shape checks common to every attention entry point (throws posenc::error naming the argument).
-template <class T>
-void check_attention_shapes(const heads_view<const T>& q, const heads_view<const T>& k,
-                            const heads_view<const T>& v, const heads_view<T>& out) {
+template <class T, class KV>
+void check_attention_shapes(const heads_view<const T>& q, const heads_view<const KV>& k,
+                            const heads_view<const KV>& v, const heads_view<T>& out) {
   require(k.batch() == q.batch(), "k", "batch must equal q's batch", k.batch(), " vs ", q.batch());
   require(v.batch() == q.batch(), "v", "batch must equal q's batch", v.batch(), " vs ", q.batch());
   require(out.batch() == q.batch(), "out", "batch must equal q's batch", out.batch(), " vs ", q.batch());

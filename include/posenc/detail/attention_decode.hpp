@@ -1,0 +1,279 @@
+// posenc/detail/attention_decode.hpp — the decode strategy: a few query rows per kv head (a new token,
+// or a short chunk, against a long KV cache), keys and values streamed from the cache rows once.
+//
+// The tiled strategy (attention.hpp) packs every K/V block for GEBP, which pays for itself only when
+// many query rows reuse it; a decode step has one row per query head, so packing would double the
+// bytes the step moves. Here:
+//   scheduling     the queries of one (batch, kv head) — its group of query heads, all their rows — form
+//                  one small matrix of G = group x q_len rows; the keys are cut into segments of
+//                  decode_segment_keys, and each (batch, kv head, segment) is a work item (split-KV,
+//                  Flash-Decoding). Segments depend only on k_len, never on the thread count, and
+//                  the partial results are merged in segment order: bitwise the same for any pool.
+//   operand supply the caller's key and value rows as they are (f32 cache), or widened a tile at a
+//                  time (f16 / bf16 cache, detail/kv_storage.hpp), or transformed a tile at a time (an
+//                  encoding that rotates keys); the next tile's rows are prefetched.
+//   tile math      S = scale Q K^T (row_dots), the encoding's score terms and bias per query head,
+//                  masks, online softmax, O += P V (add_weighted); per segment (O, m, l) are kept and
+//                  merged exactly at the end (the log-sum-exp merge of attention.hpp's merge).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include "posenc/detail/attention_schedule.hpp"
+#include "posenc/detail/attention_tile.hpp"
+#include "posenc/detail/decode_kernels.hpp"
+#include "posenc/detail/kv_storage.hpp"
+#include "posenc/detail/mask.hpp"
+#include "posenc/detail/online_softmax.hpp"
+#include "posenc/detail/prefetch.hpp"
+#include "posenc/detail/thread.hpp"
+#include "posenc/encoding.hpp"
+
+namespace posenc::detail {
+
+/// Query rows per kv head (group x q_len) up to which the automatic choice streams K/V (decode)
+/// instead of packing it (tiled) (docs/performance.md › Decode).
+inline constexpr index_t decode_max_rows = 16;
+/// Keys per split-KV segment: a fixed size, so the split (and the result) does not depend on the
+/// number of threads; 1024 keys give 2 threads 8+ items per kv head at Lk = 4096 while the merge
+/// costs one [G x dv] pass per segment (docs/performance.md › Decode).
+inline constexpr index_t decode_segment_keys = 1024;
+/// Keys per tile: a tile's widened K and V (64 x 128 floats each, 32 KiB) stay in L1/L2 for the
+/// products that reread them.
+inline constexpr index_t decode_tile_keys = 64;
+
+/// Whether the decode strategy can run the encoding (value terms need the tiled path's buckets).
+template <class Bound, class T>
+inline constexpr bool decode_supports = !has_value_terms<Bound, T>;
+
+template <class T>
+struct decode_scratch {
+  using buffer = Eigen::Matrix<T, Eigen::Dynamic, 1>;
+  buffer q_work;    ///< the group's queries after the Q transform, unscaled (what hooks read)
+  buffer q_scaled;  ///< scale * queries: the left operand of row_dots
+  buffer k_work, v_work, scores, acc;
+  std::vector<std::int64_t> q_pos;  ///< query positions, repeated for each head of the group
+  online_softmax<T> softmax;
+};
+
+template <class T, class KV, class Bound>
+class decode_attention {
+ public:
+  static constexpr bool transforms_queries = has_qk_transform<Bound, T>;
+  static constexpr bool transforms_keys = has_key_transform<Bound, T>;
+
+  decode_attention(heads_view<const T> q, heads_view<const KV> k, heads_view<const KV> v, heads_view<T> out, T* lse,
+                   const Bound& enc, const call_masks& masks, T scale)
+      : q_(q), k_(k), v_(v), out_(out), lse_(lse), enc_(enc), masks_(masks), scale_(scale), heads_(q.heads()),
+        kv_heads_(k.heads()), group_(q.heads() / k.heads()), q_len_(q.seq()), rows_(group_ * q.seq()),
+        dim_(q.dim()), vdim_(v.dim()),
+        segments_(masks.k_len == 0 ? 1 : (masks.k_len + decode_segment_keys - 1) / decode_segment_keys),
+        tiles_(summarize_key_blocks(masks, decode_tile_keys)),
+        tiles_per_row_(masks.k_len == 0 ? 0 : (masks.k_len + decode_tile_keys - 1) / decode_tile_keys) {
+    for (index_t b = 0; b < masks.batch; ++b) {
+      const std::int64_t* p = masks.qp(b);
+      q_min_.push_back(q_len_ == 0 ? 0 : *std::min_element(p, p + q_len_));
+      q_max_.push_back(q_len_ == 0 ? 0 : *std::max_element(p, p + q_len_));
+    }
+    const auto parts = static_cast<std::size_t>(masks.batch * kv_heads_ * segments_ * rows_);
+    part_acc_.resize(static_cast<index_t>(parts) * vdim_);
+    part_m_.resize(static_cast<index_t>(parts));
+    part_l_.resize(static_cast<index_t>(parts));
+  }
+
+  void run(Eigen::ThreadPoolInterface* pool) {
+    for_each_item<decode_scratch<T>>(pool, masks_.batch * kv_heads_ * segments_, [](decode_scratch<T>&) {},
+                                     [&](index_t item, decode_scratch<T>& sc) { run_segment(item, sc); });
+    for (index_t bh = 0; bh < masks_.batch * kv_heads_; ++bh) merge_segments(bh / kv_heads_, bh % kv_heads_);
+  }
+
+ private:
+  /// One (batch, kv head, segment): the group's queries over the segment's key tiles.
+  void run_segment(index_t item, decode_scratch<T>& sc) {
+    const index_t seg = item % segments_, bh = item / segments_;
+    const index_t b = bh / kv_heads_, hk = bh % kv_heads_;
+    const index_t G = rows_;
+    prepare_queries(b, hk, sc);
+    T* acc = grow(sc.acc, G * vdim_);
+    std::fill(acc, acc + G * vdim_, T(0));
+    online_softmax<T>& sm = sc.softmax;
+    sm.reset(G);
+
+    const index_t t0 = seg * decode_segment_keys / decode_tile_keys;
+    const index_t t1 = std::min(tiles_per_row_, (seg + 1) * decode_segment_keys / decode_tile_keys);
+    index_t next = first_seen_tile(b, t0, t1);
+    while (next < t1) {
+      const index_t ti = next;
+      next = first_seen_tile(b, ti + 1, t1);
+      step(b, hk, key_tile(b, ti), next < t1 ? &key_tile(b, next) : nullptr, sc);
+    }
+    const index_t part = item * G;
+    std::copy(acc, acc + G * vdim_, part_acc_.data() + part * vdim_);
+    for (index_t r = 0; r < G; ++r) {
+      part_m_(part + r) = sm.m(r);
+      part_l_(part + r) = sm.l(r);
+    }
+  }
+
+  /// The group's query rows (row g * q_len + i: head hk * group + g, query i), transformed once, and
+  /// scaled for row_dots.
+  void prepare_queries(index_t b, index_t hk, decode_scratch<T>& sc) const {
+    const index_t G = rows_;
+    T* qw = grow(sc.q_work, G * dim_);
+    sc.q_pos.resize(static_cast<std::size_t>(G));
+    const std::span<const std::int64_t> pos(masks_.qp(b), static_cast<std::size_t>(q_len_));
+    for (index_t g = 0; g < group_; ++g) {
+      matrix_map<T> dst(qw + g * q_len_ * dim_, q_len_, dim_, Eigen::OuterStride<>(dim_));
+      const const_matrix_map<T> src = q_.matrix(b, hk * group_ + g);
+      if constexpr (transforms_queries) {
+        if constexpr (has_qk_transform_copy<Bound, T>) {
+          enc_.transform_qk(qk_role::query, hk * group_ + g, pos, src, dst);
+        } else {
+          dst = src;
+          enc_.transform_qk(qk_role::query, hk * group_ + g, pos, dst);
+        }
+      } else {
+        dst = src;
+      }
+      std::copy(pos.begin(), pos.end(), sc.q_pos.begin() + g * q_len_);
+    }
+    T* qs = grow(sc.q_scaled, G * dim_);
+    for (index_t i = 0; i < G * dim_; ++i) qs[i] = qw[i] * scale_;
+  }
+
+  /// One tile of keys for the group: scores, hooks, masks, softmax step, weighted values. `next` is the
+  /// tile after it (null for none), whose rows are prefetched while this one's are staged.
+  void step(index_t b, index_t hk, const key_block& blk, const key_block* next, decode_scratch<T>& sc) const {
+    const index_t G = rows_, n = blk.cols;
+    const const_matrix_map<T> k = keys(b, hk, blk, next, sc);
+    const T* v = grow(sc.v_work, n * vdim_);
+    stage_rows(v_.row(b, blk.first, hk), v_.token_stride(), n, vdim_, sc.v_work.data(),
+               next != nullptr ? v_.row(b, next->first, hk) : nullptr, next != nullptr ? next->cols : 0);
+    matrix_map<T> s(grow(sc.scores, G * n), G, n, Eigen::OuterStride<>(n));
+    row_dots(sc.q_scaled.data(), dim_, G, k.data(), k.outerStride(), n, dim_, s.data(), n);
+
+    const std::int64_t* k_pos = masks_.kp(b) + blk.first;
+    if constexpr (has_score_terms<Bound, T> || has_position_bias<Bound, T>) {
+      for (index_t g = 0; g < group_; ++g) {
+        const posenc::tile<T> t{.batch = b, .head = hk * group_ + g, .kv_head = hk, .q_first = 0,
+                                .k_first = blk.first, .rows = q_len_, .cols = n, .q_pos = masks_.qp(b),
+                                .k_pos = k_pos,
+                                .q = const_matrix_map<T>(sc.q_work.data() + g * q_len_ * dim_, q_len_, dim_,
+                                                         Eigen::OuterStride<>(dim_)),
+                                .k = k};
+        matrix_map<T> sg(s.data() + g * q_len_ * n, q_len_, n, Eigen::OuterStride<>(n));
+        if constexpr (has_score_terms<Bound, T>) enc_.add_score_terms(t, scale_, sg);
+        if constexpr (has_position_bias<Bound, T>) enc_.add_position_bias(t, sg);
+      }
+    }
+    if (!all_visible(b, blk))
+      mask_tile<T>(s, sc.q_pos.data(), k_pos, masks_.kv(b) + blk.first, blk.valid != blk.cols, masks_.causal,
+                   blk.ascending);
+
+    online_softmax<T>& sm = sc.softmax;
+    matrix_map<T> acc(sc.acc.data(), G, vdim_, Eigen::OuterStride<>(vdim_));
+    if (sm.step(s)) acc = sm.alpha.asDiagonal() * acc;
+    add_weighted(s.data(), n, G, v, vdim_, n, vdim_, acc.data(), vdim_);
+  }
+
+  /// The tile's keys as contiguous T rows: staged (copied or widened) from the cache, then transformed
+  /// when the encoding rotates keys.
+  const_matrix_map<T> keys(index_t b, index_t hk, const key_block& blk, const key_block* next,
+                           decode_scratch<T>& sc) const {
+    T* dst = grow(sc.k_work, blk.cols * dim_);
+    stage_rows(k_.row(b, blk.first, hk), k_.token_stride(), blk.cols, dim_, dst,
+               next != nullptr ? k_.row(b, next->first, hk) : nullptr, next != nullptr ? next->cols : 0);
+    matrix_map<T> k(dst, blk.cols, dim_, Eigen::OuterStride<>(dim_));
+    if constexpr (transforms_keys)
+      enc_.transform_qk(qk_role::key, hk, std::span<const std::int64_t>(masks_.kp(b) + blk.first,
+                                                                        static_cast<std::size_t>(blk.cols)),
+                        k);
+    return const_matrix_map<T>(dst, blk.cols, dim_, Eigen::OuterStride<>(dim_));
+  }
+
+  [[nodiscard]] const key_block& key_tile(index_t b, index_t ti) const {
+    return tiles_[static_cast<std::size_t>(b * tiles_per_row_ + ti)];
+  }
+
+  /// Whether some query of batch row b sees a key of the tile.
+  [[nodiscard]] bool seen(index_t b, const key_block& blk) const {
+    if (blk.valid == 0 || q_len_ == 0) return false;
+    return !masks_.causal || blk.pos_min <= q_max_[static_cast<std::size_t>(b)];
+  }
+  [[nodiscard]] index_t first_seen_tile(index_t b, index_t from, index_t to) const {
+    while (from < to && !seen(b, key_tile(b, from))) ++from;
+    return from;
+  }
+  /// Whether every query of batch row b sees every key of the tile (no mask to apply).
+  [[nodiscard]] bool all_visible(index_t b, const key_block& blk) const {
+    return blk.valid == blk.cols && (!masks_.causal || blk.pos_max <= q_min_[static_cast<std::size_t>(b)]);
+  }
+
+  /// out and lse of one (batch, kv head) from its segments, in segment order:
+  ///   M = max_s m_s,  L = sum_s exp(m_s - M) l_s,  out = sum_s exp(m_s - M) O_s / L,  lse = M + log L.
+  void merge_segments(index_t b, index_t hk) {
+    constexpr T neg_inf = -std::numeric_limits<T>::infinity();
+    constexpr T nan = std::numeric_limits<T>::quiet_NaN();
+    const index_t G = rows_;
+    const index_t first_part = (b * kv_heads_ + hk) * segments_ * G;
+    for (index_t r = 0; r < G; ++r) {
+      const index_t g = r / q_len_, i = r % q_len_, head = hk * group_ + g;
+      Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>> dst(out_.row(b, i, head), vdim_);
+      T M = neg_inf;
+      bool poisoned = false;
+      for (index_t s = 0; s < segments_; ++s) {
+        const T m = part_m_(first_part + s * G + r);
+        poisoned = poisoned || std::isnan(m);
+        M = std::max(M, m);
+      }
+      T lse = neg_inf;
+      if (poisoned) {
+        dst.setConstant(nan);
+        lse = nan;
+      } else if (M == neg_inf) {
+        dst.setZero();  // the row sees no key
+      } else {
+        T L = 0;
+        dst.setZero();
+        for (index_t s = 0; s < segments_; ++s) {
+          const index_t part = first_part + s * G + r;
+          const T m = part_m_(part);
+          if (m == neg_inf) continue;
+          const T w = std::exp(m - M);
+          L += w * part_l_(part);
+          dst += w * Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(part_acc_.data() + part * vdim_, vdim_);
+        }
+        dst *= T(1) / L;
+        lse = M + std::log(L);
+      }
+      if (lse_ != nullptr) lse_[(b * heads_ + head) * q_len_ + i] = lse;
+    }
+  }
+
+  template <class B>
+  static T* grow(B& buffer, index_t n) {
+    if (buffer.size() < n) buffer.resize(n);
+    return buffer.data();
+  }
+
+  heads_view<const T> q_;
+  heads_view<const KV> k_, v_;
+  heads_view<T> out_;
+  T* lse_;
+  const Bound& enc_;
+  const call_masks& masks_;
+  T scale_;
+  index_t heads_, kv_heads_, group_, q_len_, rows_, dim_, vdim_, segments_;
+  std::vector<key_block> tiles_;
+  index_t tiles_per_row_;
+  std::vector<std::int64_t> q_min_, q_max_;
+  Eigen::Matrix<T, Eigen::Dynamic, 1> part_acc_, part_m_, part_l_;
+};
+
+}  // namespace posenc::detail

@@ -1,0 +1,111 @@
+// posenc/detail/kv_storage.hpp — keys and values stored in half precision (a KV cache in f16 or bf16),
+// widened to the kernel's scalar a few rows at a time, where the tiles read them.
+//
+// The storage type only changes how K and V are held: q, out and every accumulation stay in the
+// call's T (float or double), and the widening is exact (every f16 and bf16 value is a float), so
+// the result is the attention of the stored values; the only error against a float cache is the
+// rounding of K and V to the storage type (docs/kv-cache.md).
+//
+// Widening runs at the speed the cache streams in: eight or sixteen values per instruction
+// (vcvtph2ps) with F16C or AVX-512; bf16 is the top half of a float, a 16-bit shift the compiler
+// vectorizes. Without F16C, f16 goes through Eigen's scalar conversion (the same values, slower).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include <Eigen/Core>
+
+#if defined(__F16C__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include "posenc/detail/platform.hpp"
+#include "posenc/tensor.hpp"
+
+namespace posenc {
+
+/// Scalar types a K/V cache may be stored in besides the call's own T.
+template <class KV>
+inline constexpr bool is_half_storage = std::is_same_v<KV, Eigen::half> || std::is_same_v<KV, Eigen::bfloat16>;
+
+/// Storage types accepted for k and v in a call whose q and out are T: T itself, f16 or bf16.
+template <class KV, class T>
+concept kv_storage_for = std::is_same_v<KV, T> || is_half_storage<KV>;
+
+namespace detail {
+
+/// dst[i] = src[i] for n values, src in f16.
+template <class T>
+void widen(const Eigen::half* src, T* dst, index_t n) {
+  index_t i = 0;
+  if constexpr (std::is_same_v<T, float>) {
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16)
+      _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+#endif
+#if defined(__F16C__)
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+#endif
+  }
+  for (; i < n; ++i) dst[i] = static_cast<T>(static_cast<float>(src[i]));
+}
+
+/// dst[i] = src[i] for n values, src in bf16: the stored 16 bits are a float's upper half.
+template <class T>
+void widen(const Eigen::bfloat16* src, T* dst, index_t n) {
+  static_assert(sizeof(Eigen::bfloat16) == sizeof(std::uint16_t));
+  for (index_t i = 0; i < n; ++i) {
+    const std::uint32_t bits = static_cast<std::uint32_t>(src[i].value) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    dst[i] = static_cast<T>(f);
+  }
+}
+
+/// dst (rows x cols, row stride dst_stride) = src widened (row stride src_stride).
+template <class KV, class T>
+void widen_rows(const KV* src, index_t src_stride, index_t rows, index_t cols, T* dst, index_t dst_stride) {
+  for (index_t r = 0; r < rows; ++r) widen(src + r * src_stride, dst + r * dst_stride, cols);
+}
+
+/// dst (rows x cols, contiguous rows) = src rows (row stride src_stride) in T: copied or widened, while
+/// the rows of the next tile (`next`, next_rows of them, same stride; null for none) are prefetched one
+/// row per row staged. Staging makes a tile contiguous: cache rows are 2-4 KiB apart (BSHD), so the 64
+/// rows of a tile share one L1 set and evict each other between the passes of the tile products;
+/// prefetching row by row keeps the fill buffers busy without flooding them (a whole tile's
+/// prefetches at once stalled, docs/performance.md › Decode).
+template <class KV, class T>
+void stage_rows(const KV* src, index_t src_stride, index_t rows, index_t cols, T* dst, const KV* next,
+                index_t next_rows) {
+  const index_t bytes = cols * static_cast<index_t>(sizeof(KV));
+  for (index_t r = 0; r < rows; ++r) {
+    if (r < next_rows) {
+      const char* line = reinterpret_cast<const char*>(next + r * src_stride);
+      for (index_t o = 0; o < bytes; o += 64) prefetch<0, 2>(line + o);
+    }
+    if constexpr (std::is_same_v<KV, T>) std::memcpy(dst + r * cols, src + r * src_stride, static_cast<std::size_t>(bytes));
+    else widen(src + r * src_stride, dst + r * cols, cols);
+  }
+}
+
+/// Rows first .. first+count-1 of one (batch, kv head) of a K or V view as a [count x dim] map of T: the
+/// caller's rows when they are stored in T, else widened into `buffer` (grown as needed, never shrunk).
+template <class T, class KV, class Buffer>
+const_matrix_map<T> rows_as(const heads_view<const KV>& x, index_t b, index_t h, index_t first, index_t count,
+                            Buffer& buffer) {
+  if constexpr (std::is_same_v<KV, T>) {
+    (void)buffer;
+    return x.matrix(b, h, first, count);
+  } else {
+    const index_t d = x.dim();
+    if (buffer.size() < count * d) buffer.resize(count * d);
+    widen_rows(x.row(b, first, h), x.token_stride(), count, d, buffer.data(), d);
+    return const_matrix_map<T>(buffer.data(), count, d, Eigen::OuterStride<>(d));
+  }
+}
+
+}  // namespace detail
+}  // namespace posenc
