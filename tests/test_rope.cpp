@@ -787,4 +787,72 @@ TEST_CASE("rope: fused attention equals the reference on pre-rotated q and k", "
   }
 }
 
+// A KV cache of keys rotated once, when appended: queries_only() rotates the queries and reads the keys
+// as they are; both strategies (decode rows, tiled prefill), a float and an f16 cache, and a cache
+// shifted by delta (context shifting) used with queries shifted by the same delta.
+TEST_CASE("rope: queries_only() over keys rotated when appended equals the reference", "[rope][attention][decode]") {
+  for (auto layout : {posenc::rope_layout::half, posenc::rope_layout::interleaved}) {
+    posenc::rope_config c = base_config(64, 10000.0, layout);
+    c.scaling = {.rope_type = posenc::rope_type::yarn, .factor = 4, .original_max_position_embeddings = 512};
+    c.max_position_embeddings = 4096;
+    const posenc::rope r(c);
+    const index_t B = 1, Sk = 1500, H = 8, Hkv = 2, D = 64;
+    for (const index_t Sq : {index_t{1}, index_t{3}, index_t{80}}) {
+      INFO("Sq " << Sq << (layout == posenc::rope_layout::half ? " half" : " interleaved"));
+      const auto q = test_util::randn(B * Sq * H * D, 21), k = test_util::randn(B * Sk * Hkv * D, 22),
+                 v = test_util::randn(B * Sk * Hkv * D, 23);
+      const auto qpos = posenc::contiguous_positions(B, Sq, Sk - Sq), kpos = posenc::contiguous_positions(B, Sk);
+      posenc::attention_options opt{.causal = true, .q_offset = Sk - Sq};
+      std::vector<double> qr = q, kr = k, want(B * Sq * H * D), got(want.size(), -1.0);
+      r.apply(posenc::bshd(qr.data(), B, Sq, H, D), posenc::view(qpos));
+      r.apply(posenc::bshd(kr.data(), B, Sk, Hkv, D), posenc::view(kpos));  // the cache, rotated once
+      posenc::reference_attention<double>(posenc::bshd<const double>(qr.data(), B, Sq, H, D),
+                                          posenc::bshd<const double>(kr.data(), B, Sk, Hkv, D),
+                                          posenc::bshd<const double>(v.data(), B, Sk, Hkv, D),
+                                          posenc::bshd(want.data(), B, Sq, H, D), opt);
+      posenc::attention(posenc::bshd<const double>(q.data(), B, Sq, H, D), posenc::bshd<const double>(kr.data(), B, Sk, Hkv, D),
+                        posenc::bshd<const double>(v.data(), B, Sk, Hkv, D), posenc::bshd(got.data(), B, Sq, H, D),
+                        r.queries_only(), opt);
+      CHECK(max_abs_diff(got, want) <= 1e-12);
+
+      // float, with the cache in f16: the reference sees the stored (rounded) keys and values
+      std::vector<Eigen::half> kh(kr.size()), vh(v.size());
+      std::vector<double> kd(kr.size()), vd(v.size());
+      for (std::size_t i = 0; i < kr.size(); ++i) {
+        kh[i] = Eigen::half(static_cast<float>(kr[i]));
+        kd[i] = static_cast<double>(static_cast<float>(kh[i]));
+        vh[i] = Eigen::half(static_cast<float>(v[i]));
+        vd[i] = static_cast<double>(static_cast<float>(vh[i]));
+      }
+      std::vector<float> qf(q.begin(), q.end()), gotf(want.size());
+      std::vector<double> qfr(qf.begin(), qf.end());
+      r.apply(posenc::bshd(qfr.data(), B, Sq, H, D), posenc::view(qpos));
+      posenc::reference_attention<double>(posenc::bshd<const double>(qfr.data(), B, Sq, H, D),
+                                          posenc::bshd<const double>(kd.data(), B, Sk, Hkv, D),
+                                          posenc::bshd<const double>(vd.data(), B, Sk, Hkv, D),
+                                          posenc::bshd(want.data(), B, Sq, H, D), opt);
+      posenc::attention<float, Eigen::half>(posenc::bshd<const float>(qf.data(), B, Sq, H, D),
+                                            posenc::bshd<const Eigen::half>(kh.data(), B, Sk, Hkv, D),
+                                            posenc::bshd<const Eigen::half>(vh.data(), B, Sk, Hkv, D),
+                                            posenc::bshd(gotf.data(), B, Sq, H, D), r.queries_only(), opt);
+      CHECK(max_abs_diff(std::vector<double>(gotf.begin(), gotf.end()), want) <= 2e-5);
+
+      // context shifting: the cache shifted by delta and the queries placed delta later give the same
+      // attention (scores depend on the distance only)
+      const std::int64_t delta = 700;
+      std::vector<double> ks = kr, shifted(want.size());
+      r.shift(posenc::bshd(ks.data(), B, Sk, Hkv, D), delta);
+      posenc::attention_options later = opt;
+      later.q_offset += delta;
+      std::vector<std::int64_t> kpos_later(static_cast<std::size_t>(Sk));
+      for (index_t j = 0; j < Sk; ++j) kpos_later[static_cast<std::size_t>(j)] = j + delta;
+      later.k_positions = posenc::positions_view(kpos_later.data(), 1, Sk);
+      posenc::attention(posenc::bshd<const double>(q.data(), B, Sq, H, D), posenc::bshd<const double>(ks.data(), B, Sk, Hkv, D),
+                        posenc::bshd<const double>(v.data(), B, Sk, Hkv, D), posenc::bshd(shifted.data(), B, Sq, H, D),
+                        r.queries_only(), later);
+      CHECK(max_abs_diff(shifted, got) <= 1e-11);
+    }
+  }
+}
+
 }  // namespace

@@ -525,6 +525,12 @@ class rope {
     at(default_len(std::nullopt)).transform_qk(role, head, pos, x);
   }
 
+  /// This RoPE on the queries only, for a KV cache whose keys were rotated once, when they were
+  /// appended (apply / apply_qk at their positions): the kernel then reads the cached keys as they
+  /// are and rotates only the new queries (docs/kv-cache.md). What Hugging Face's cache does too: keys
+  /// are stored after apply_rotary_pos_emb.
+  [[nodiscard]] class rope_queries_only queries_only() const;
+
  private:
   static detail::rope_freq_params resolve_params(const rope_config& c) {
     require(c.head_dim > 0, "head_dim", "must be > 0", c.head_dim);
@@ -567,5 +573,53 @@ class rope {
   detail::rope_freq_params params_;
   std::optional<rope_frequencies> short_{}, long_{};
 };
+
+/// RoPE on the queries only (rope::queries_only): keys are read as given, already rotated. The
+/// sequence length of the call (dynamic NTK, LongRoPE) is resolved as rope::bind does, from the
+/// queries' positions; the keys keep the frequencies they were rotated with, as in an HF cache.
+class rope_queries_only {
+ public:
+  static constexpr bool transforms_keys = false;
+
+  /// What bind returns to the kernel: the call's frequencies (and cos/sin table of the query
+  /// positions), applied to queries only.
+  class bound {
+   public:
+    static constexpr bool transforms_keys = false;
+    explicit bound(rope_frequencies f) : f_(std::move(f)) {}
+    template <class T>
+    void transform_qk(qk_role role, index_t head, std::span<const std::int64_t> pos, matrix_map<T> x) const {
+      f_.transform_qk(role, head, pos, x);
+    }
+    template <class T>
+    void transform_qk(qk_role role, index_t head, std::span<const std::int64_t> pos, const_matrix_map<T> in,
+                      matrix_map<T> out) const {
+      f_.transform_qk(role, head, pos, in, out);
+    }
+    [[nodiscard]] const rope_frequencies& frequencies() const { return f_; }
+
+   private:
+    rope_frequencies f_;
+  };
+
+  explicit rope_queries_only(rope r) : rope_(std::move(r)) {}
+  [[nodiscard]] const rope& encoding() const { return rope_; }
+
+  [[nodiscard]] bound bind(const call_info& info) const {
+    call_info queries = info;  // the table covers the queries' positions only: keys are never rotated
+    queries.k_min = 0;
+    queries.k_max = -1;
+    return bound(rope_.bind(queries));
+  }
+  template <class T>
+  void transform_qk(qk_role role, index_t head, std::span<const std::int64_t> pos, matrix_map<T> x) const {
+    rope_.transform_qk(role, head, pos, x);
+  }
+
+ private:
+  rope rope_;
+};
+
+inline rope_queries_only rope::queries_only() const { return rope_queries_only(*this); }
 
 }  // namespace posenc
