@@ -152,9 +152,7 @@ class decode_attention {
   void step(index_t b, index_t hk, const key_block& blk, const key_block* next, decode_scratch<T>& sc) const {
     const index_t G = rows_, n = blk.cols;
     const const_matrix_map<T> k = keys(b, hk, blk, next, sc);
-    const T* v = grow(sc.v_work, n * vdim_);
-    stage_rows(v_.row(b, blk.first, hk), v_.token_stride(), n, vdim_, sc.v_work.data(),
-               next != nullptr ? v_.row(b, next->first, hk) : nullptr, next != nullptr ? next->cols : 0);
+    const const_matrix_map<T> v = values(b, hk, blk, next, sc);
     matrix_map<T> s(grow(sc.scores, G * n), G, n, Eigen::OuterStride<>(n));
     row_dots(sc.q_scaled.data(), dim_, G, k.data(), k.outerStride(), n, dim_, s.data(), n);
 
@@ -179,13 +177,24 @@ class decode_attention {
     online_softmax<T>& sm = sc.softmax;
     matrix_map<T> acc(sc.acc.data(), G, vdim_, Eigen::OuterStride<>(vdim_));
     if (sm.step(s)) acc = sm.alpha.asDiagonal() * acc;
-    add_weighted(s.data(), n, G, v, vdim_, n, vdim_, acc.data(), vdim_);
+    add_weighted(s.data(), n, G, v.data(), v.outerStride(), n, vdim_, acc.data(), vdim_);
   }
 
-  /// The tile's keys as contiguous T rows: staged (copied or widened) from the cache, then transformed
-  /// when the encoding rotates keys.
+  /// Whether the tiles read the cache rows in place: stored in T, not transformed, and read once (at most
+  /// 4 rows per kv head: decode_kernels.hpp). Otherwise a tile is staged contiguous first (copied,
+  /// widened, transformed): rows 2-4 KiB apart share L1 sets and would evict each other between the
+  /// passes of several 4-row blocks.
+  static constexpr bool can_read_in_place = std::is_same_v<KV, T> && !transforms_keys;
+  [[nodiscard]] bool in_place() const { return can_read_in_place && rows_ <= 4; }
+
+  /// The tile's keys as T rows: the cache's rows in place, or staged (copied or widened) and transformed
+  /// when the encoding rotates keys. The next tile's rows are prefetched.
   const_matrix_map<T> keys(index_t b, index_t hk, const key_block& blk, const key_block* next,
                            decode_scratch<T>& sc) const {
+    if (in_place()) {
+      if (next != nullptr) prefetch_rows(k_.matrix(b, hk, next->first, next->cols), false);
+      if constexpr (can_read_in_place) return k_.matrix(b, hk, blk.first, blk.cols);
+    }
     T* dst = grow(sc.k_work, blk.cols * dim_);
     stage_rows(k_.row(b, blk.first, hk), k_.token_stride(), blk.cols, dim_, dst,
                next != nullptr ? k_.row(b, next->first, hk) : nullptr, next != nullptr ? next->cols : 0);
@@ -195,6 +204,19 @@ class decode_attention {
                                                                         static_cast<std::size_t>(blk.cols)),
                         k);
     return const_matrix_map<T>(dst, blk.cols, dim_, Eigen::OuterStride<>(dim_));
+  }
+
+  /// The tile's values as T rows, in place or staged like the keys.
+  const_matrix_map<T> values(index_t b, index_t hk, const key_block& blk, const key_block* next,
+                             decode_scratch<T>& sc) const {
+    if (in_place()) {
+      if (next != nullptr) prefetch_rows(v_.matrix(b, hk, next->first, next->cols), false);
+      if constexpr (can_read_in_place) return v_.matrix(b, hk, blk.first, blk.cols);
+    }
+    T* dst = grow(sc.v_work, blk.cols * vdim_);
+    stage_rows(v_.row(b, blk.first, hk), v_.token_stride(), blk.cols, vdim_, dst,
+               next != nullptr ? v_.row(b, next->first, hk) : nullptr, next != nullptr ? next->cols : 0);
+    return const_matrix_map<T>(dst, blk.cols, vdim_, Eigen::OuterStride<>(vdim_));
   }
 
   [[nodiscard]] const key_block& key_tile(index_t b, index_t ti) const {

@@ -4,10 +4,10 @@
 //   add_weighted  O += P V    each output row a sum of value rows weighted by its scores
 // Both are written on Eigen's packet primitives (Packet16f with AVX-512, Packet8f with AVX, Packet4f
 // with SSE, and the double forms), so they vectorize on every target the library builds for, with no
-// horizontal reduction inside the loops: row_dots keeps a register block of 2 rows x 4 keys of packet
-// accumulators and reduces each one once; add_weighted keeps 4 packets of an output row in registers
-// across the keys of a tile. Keys and values are read once per pair of rows (row_dots) or per row
-// (add_weighted) from L1: the tile is at most decode_tile_keys rows, sized to stay there.
+// horizontal reduction inside the loops: row_dots keeps a register block of 4 rows x 4 keys (2 keys
+// with 16 registers) of packet accumulators and reduces each one once; add_weighted keeps 4 rows x 4
+// packets of output in registers across the keys of a tile. Each key and value row is read once per 4
+// query rows: a decode step of up to 4 rows per kv head reads the cache exactly once.
 #pragma once
 
 #include <algorithm>
@@ -52,59 +52,92 @@ inline void row_dots_block(const T* q, index_t q_stride, const T* k, index_t k_s
     }
 }
 
+/// Register blocks: 4 rows x J keys of accumulators (J = 4 with 32 vector registers, AVX-512; 2 with
+/// 16), so a group of up to 4 rows reads each key once.
+#if defined(EIGEN_VECTORIZE_AVX512)
+inline constexpr int dot_block_keys = 4;
+inline constexpr int weighted_block_packets = 4;
+#else
+inline constexpr int dot_block_keys = 2;
+inline constexpr int weighted_block_packets = 2;
+#endif
+
+template <int R, class T>
+inline void row_dots_rows(const T* q, index_t q_stride, const T* k, index_t k_stride, index_t cols, index_t d, T* s,
+                          index_t s_stride) {
+  constexpr int J = dot_block_keys;
+  index_t j = 0;
+  for (; j + J <= cols; j += J) row_dots_block<R, J>(q, q_stride, k + j * k_stride, k_stride, d, s + j, s_stride);
+  for (; j < cols; ++j) row_dots_block<R, 1>(q, q_stride, k + j * k_stride, k_stride, d, s + j, s_stride);
+}
+
 /// S (rows x cols, row-major, row stride s_stride) = Q (rows x d) K^T (K: cols x d); rows of Q and K
-/// contiguous, any row strides.
+/// contiguous, any row strides. Each key row is read once per 4 query rows.
 template <class T>
 void row_dots(const T* q, index_t q_stride, index_t rows, const T* k, index_t k_stride, index_t cols, index_t d, T* s,
               index_t s_stride) {
   index_t r = 0;
-  for (; r + 2 <= rows; r += 2) {
-    index_t j = 0;
-    for (; j + 4 <= cols; j += 4)
-      row_dots_block<2, 4>(q + r * q_stride, q_stride, k + j * k_stride, k_stride, d, s + r * s_stride + j, s_stride);
-    for (; j < cols; ++j)
-      row_dots_block<2, 1>(q + r * q_stride, q_stride, k + j * k_stride, k_stride, d, s + r * s_stride + j, s_stride);
-  }
-  for (; r < rows; ++r) {
-    index_t j = 0;
-    for (; j + 4 <= cols; j += 4)
-      row_dots_block<1, 4>(q + r * q_stride, q_stride, k + j * k_stride, k_stride, d, s + r * s_stride + j, s_stride);
-    for (; j < cols; ++j)
-      row_dots_block<1, 1>(q + r * q_stride, q_stride, k + j * k_stride, k_stride, d, s + r * s_stride + j, s_stride);
+  for (; r + 4 <= rows; r += 4) row_dots_rows<4>(q + r * q_stride, q_stride, k, k_stride, cols, d, s + r * s_stride, s_stride);
+  switch (rows - r) {
+    case 3: row_dots_rows<3>(q + r * q_stride, q_stride, k, k_stride, cols, d, s + r * s_stride, s_stride); break;
+    case 2: row_dots_rows<2>(q + r * q_stride, q_stride, k, k_stride, cols, d, s + r * s_stride, s_stride); break;
+    case 1: row_dots_rows<1>(q + r * q_stride, q_stride, k, k_stride, cols, d, s + r * s_stride, s_stride); break;
+    default: break;
   }
 }
 
-/// o[0 .. N*W) += sum_j p[j] v_j[0 .. N*W) over `cols` value rows, N packets kept in registers.
-template <int N, class T>
-inline void add_weighted_packets(const T* p, const T* v, index_t v_stride, index_t cols, T* o) {
+/// R output rows, N packets each from column t: o_r[t .. t+N*W) += sum_j p_r[j] v_j[t .. t+N*W), the
+/// R x N accumulators in registers, each value packet loaded once for the R rows.
+template <int R, int N, class T>
+inline void add_weighted_block(const T* p, index_t p_stride, const T* v, index_t v_stride, index_t cols, T* o,
+                               index_t o_stride) {
   using P = typename packet_of<T>::type;
   constexpr index_t W = packet_of<T>::width;
   namespace in = Eigen::internal;
-  P acc[N];
-  for (int i = 0; i < N; ++i) acc[i] = in::ploadu<P>(o + i * W);
+  P acc[R][N];
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < N; ++i) acc[r][i] = in::ploadu<P>(o + r * o_stride + i * W);
   for (index_t j = 0; j < cols; ++j) {
-    const P w = in::pset1<P>(p[j]);
-    for (int i = 0; i < N; ++i) acc[i] = in::pmadd(w, in::ploadu<P>(v + j * v_stride + i * W), acc[i]);
+    P vp[N];
+    for (int i = 0; i < N; ++i) vp[i] = in::ploadu<P>(v + j * v_stride + i * W);
+    for (int r = 0; r < R; ++r) {
+      const P w = in::pset1<P>(p[r * p_stride + j]);
+      for (int i = 0; i < N; ++i) acc[r][i] = in::pmadd(w, vp[i], acc[r][i]);
+    }
   }
-  for (int i = 0; i < N; ++i) in::pstoreu(o + i * W, acc[i]);
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < N; ++i) in::pstoreu(o + r * o_stride + i * W, acc[r][i]);
 }
 
-/// O (rows x dv, row stride o_stride) += P (rows x cols, row stride p_stride) V (cols x dv).
+template <int R, class T>
+void add_weighted_rows(const T* p, index_t p_stride, const T* v, index_t v_stride, index_t cols, index_t dv, T* o,
+                       index_t o_stride) {
+  constexpr index_t W = packet_of<T>::width;
+  constexpr int N = weighted_block_packets;
+  index_t t = 0;
+  for (; t + N * W <= dv; t += N * W) add_weighted_block<R, N>(p, p_stride, v + t, v_stride, cols, o + t, o_stride);
+  for (; t + W <= dv; t += W) add_weighted_block<R, 1>(p, p_stride, v + t, v_stride, cols, o + t, o_stride);
+  for (; t < dv; ++t)
+    for (int r = 0; r < R; ++r) {
+      T sum = o[r * o_stride + t];
+      for (index_t j = 0; j < cols; ++j) sum += p[r * p_stride + j] * v[j * v_stride + t];
+      o[r * o_stride + t] = sum;
+    }
+}
+
+/// O (rows x dv, row stride o_stride) += P (rows x cols, row stride p_stride) V (cols x dv). Each value
+/// row is read once per 4 output rows.
 template <class T>
 void add_weighted(const T* p, index_t p_stride, index_t rows, const T* v, index_t v_stride, index_t cols, index_t dv,
                   T* o, index_t o_stride) {
-  constexpr index_t W = packet_of<T>::width;
-  for (index_t r = 0; r < rows; ++r) {
-    const T* pr = p + r * p_stride;
-    T* orow = o + r * o_stride;
-    index_t t = 0;
-    for (; t + 4 * W <= dv; t += 4 * W) add_weighted_packets<4>(pr, v + t, v_stride, cols, orow + t);
-    for (; t + W <= dv; t += W) add_weighted_packets<1>(pr, v + t, v_stride, cols, orow + t);
-    for (; t < dv; ++t) {
-      T sum = orow[t];
-      for (index_t j = 0; j < cols; ++j) sum += pr[j] * v[j * v_stride + t];
-      orow[t] = sum;
-    }
+  index_t r = 0;
+  for (; r + 4 <= rows; r += 4)
+    add_weighted_rows<4>(p + r * p_stride, p_stride, v, v_stride, cols, dv, o + r * o_stride, o_stride);
+  switch (rows - r) {
+    case 3: add_weighted_rows<3>(p + r * p_stride, p_stride, v, v_stride, cols, dv, o + r * o_stride, o_stride); break;
+    case 2: add_weighted_rows<2>(p + r * p_stride, p_stride, v, v_stride, cols, dv, o + r * o_stride, o_stride); break;
+    case 1: add_weighted_rows<1>(p + r * p_stride, p_stride, v, v_stride, cols, dv, o + r * o_stride, o_stride); break;
+    default: break;
   }
 }
 

@@ -86,8 +86,13 @@ void stage_rows(const KV* src, index_t src_stride, index_t rows, index_t cols, T
       const char* line = reinterpret_cast<const char*>(next + r * src_stride);
       for (index_t o = 0; o < bytes; o += 64) prefetch<0, 2>(line + o);
     }
-    if constexpr (std::is_same_v<KV, T>) std::memcpy(dst + r * cols, src + r * src_stride, static_cast<std::size_t>(bytes));
-    else widen(src + r * src_stride, dst + r * cols, cols);
+    if constexpr (std::is_same_v<KV, T>) {
+      // Eigen's inlined packet copy: memcpy's call costs as much as a 512-byte row's copy here
+      Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>(dst + r * cols, cols) =
+          Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(src + r * src_stride, cols);
+    } else {
+      widen(src + r * src_stride, dst + r * cols, cols);
+    }
   }
 }
 
