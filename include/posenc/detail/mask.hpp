@@ -95,10 +95,7 @@ inline call_masks resolve_masks(const attention_options& opt, index_t batch, ind
     const auto& am = *opt.attention_mask;
     require(am.dimension(0) == batch && am.dimension(1) == k_len, "attention_mask", "must be [batch, k_len]", "[",
             am.dimension(0), ", ", am.dimension(1), "] for batch ", batch, ", k_len ", k_len);
-    for (index_t b = 0; b < batch; ++b)
-      for (index_t j = 0; j < k_len; ++j)
-        require(am(b, j) == 0 || am(b, j) == 1, "attention_mask", "entries must be 0 (padding) or 1 (token)", am(b, j),
-                " at [", b, ", ", j, "]");
+    check_attention_mask(am);
   }
   require(opt.sliding_window >= 0, "sliding_window", "must be >= 0 (0 = off)", opt.sliding_window);
   require(opt.sliding_window == 0 || opt.causal, "sliding_window", "requires causal = true", opt.sliding_window);
