@@ -8,6 +8,8 @@
 //   GEMM runs count 2 * L * L * d per head (the one product they do).
 // Arguments: L, d, causal (0/1), threads (1 = the calling thread, no pool; 2 = Eigen::ThreadPool(2)).
 // BM_fused_vs_naive times the two back to back (counter naive_over_fused, the median ratio of pairs).
+// BM_sliding_window/L/W/d/threads times a causal call with sliding window W against the same call
+// fully causal, back to back (counter window_over_causal; target <= 0.5 at L = 16384, W = 4096).
 // Speed targets live here and in docs/performance.md, never in unit tests.
 #include <benchmark/benchmark.h>
 
@@ -263,6 +265,28 @@ void BM_fused_vs_naive(benchmark::State& state) {
       [&] { naive.run(c.x, c.pool.get(), c.causal); });
 }
 
+// Sliding-window attention (Mistral / Gemma / gpt-oss layers) against full causal attention in
+// back-to-back pairs: counter window_over_causal, the median of time(window) / time(causal). The
+// schedule skips the key blocks before every query's window, so the ratio follows the visited tiles:
+// for L = 16384, W = 4096 and 256 x 256 tiles, 952 of the causal plan's 2080 tile rows (0.46).
+void BM_sliding_window(benchmark::State& state) {
+  const Index L = state.range(0), W = state.range(1), d = state.range(2), threads = state.range(3);
+  inputs x(L, d);
+  const auto pool = make_pool(threads);
+  posenc::attention_options causal;
+  causal.causal = true;
+  causal.pool = pool.get();
+  posenc::attention_options window = causal;
+  window.sliding_window = W;
+  auto run = [&](const posenc::attention_options& opt) {
+    posenc::attention<float>(x.Q(), x.K(), x.V(), posenc::bshd(x.out.data(), 1, L, kHeads, d), posenc::no_position{},
+                             opt);
+    benchmark::ClobberMemory();
+  };
+  state.counters["window_over_causal"] =
+      bench_util::median_pair_ratio(state, [&] { run(causal); }, [&] { run(window); });
+}
+
 void fused_args(benchmark::internal::Benchmark* b) {
   for (Index L : {128, 512, 2048, 4096, 8192})
     for (Index d : {64, 128})
@@ -303,6 +327,8 @@ BENCHMARK(BM_gemm_qkT)->Apply(gemm_args)->ArgNames({"L", "d", "causal", "threads
 BENCHMARK(BM_naive)->Apply(reference_args)->ArgNames({"L", "d", "causal", "threads"})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_fused_vs_naive)->ArgsProduct({{512}, {64, 128}, {0, 1}, {1, 2}})->ArgNames({"L", "d", "causal", "threads"})
     ->Unit(benchmark::kMillisecond)->UseManualTime()->MinTime(3.0);
+BENCHMARK(BM_sliding_window)->Args({4096, 1024, 128, 1})->Args({16384, 4096, 128, 1})->Args({16384, 4096, 128, 2})
+    ->ArgNames({"L", "W", "d", "threads"})->Unit(benchmark::kMillisecond)->UseManualTime()->Iterations(5);
 
 }  // namespace
 

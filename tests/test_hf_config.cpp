@@ -291,3 +291,175 @@ TEST_CASE("hf_config: unknown families and unreadable files", "[io][hf_config]")
   for (const auto& f : posenc::io::hf_families()) names.emplace_back(f.name);
   CHECK(names == std::vector<std::string>{"t5", "alibi", "rope", "learned"});
 }
+
+// ---- attention_config_from_hf: small config.json literals modelled on the published checkpoints ----
+
+TEST_CASE("hf_config: attention of Mistral-7B-v0.1 (sliding window on every layer) and v0.3 (null)", "[io][hf_config]") {
+  const json v01 = json::parse(R"({
+    "architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 4096,
+    "intermediate_size": 14336, "max_position_embeddings": 32768, "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+    "sliding_window": 4096, "tie_word_embeddings": false, "torch_dtype": "bfloat16", "vocab_size": 32000})");
+  const auto a = posenc::io::attention_config_from_hf(v01);
+  CHECK(a.model_type == "mistral");
+  CHECK(a.num_attention_heads == 32);
+  CHECK(a.num_key_value_heads == 8);
+  CHECK(a.head_dim == 128);  // 4096 / 32
+  CHECK(a.num_hidden_layers == 32);
+  CHECK(a.sliding_window == 4096);
+  CHECK(a.sliding_layers.empty());
+  for (posenc::index_t l : {0, 1, 31}) CHECK(a.layer_window(l) == 4096);
+  CHECK(a.attn_logit_softcapping == 0.0);
+  CHECK_FALSE(a.query_pre_attn_scalar);
+  CHECK_FALSE(a.scale());
+  CHECK_FALSE(a.has_sinks);
+  const posenc::attention_options o = a.options(7);
+  CHECK(o.causal);
+  CHECK(o.sliding_window == 4096);
+  CHECK(o.logit_softcap == 0.0);
+  CHECK_FALSE(o.scale);
+  CHECK_THROWS_WITH(a.layer_window(32), Catch::Contains("layer: must be in [0, num_hidden_layers)"));
+
+  json v03 = v01;
+  v03["sliding_window"] = nullptr;
+  v03["vocab_size"] = 32768;
+  v03["rope_theta"] = 1000000.0;
+  const auto b = posenc::io::attention_config_from_hf(v03);
+  CHECK(b.sliding_window == 0);
+  CHECK(b.layer_window(5) == 0);
+  CHECK(b.options(5).sliding_window == 0);
+}
+
+TEST_CASE("hf_config: attention of Gemma-2-9b (softcap 50, query_pre_attn_scalar, alternating windows)", "[io][hf_config]") {
+  // google/gemma-2-9b config.json (transformers 4.42 era: no layer_types)
+  const json g = json::parse(R"({
+    "architectures": ["Gemma2ForCausalLM"], "attn_logit_softcapping": 50.0, "cache_implementation": "hybrid",
+    "final_logit_softcapping": 30.0, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+    "hidden_size": 3584, "intermediate_size": 14336, "max_position_embeddings": 8192, "model_type": "gemma2",
+    "num_attention_heads": 16, "num_hidden_layers": 42, "num_key_value_heads": 8, "query_pre_attn_scalar": 256,
+    "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "sliding_window": 4096, "sliding_window_size": 4096,
+    "vocab_size": 256000})");
+  const auto a = posenc::io::attention_config_from_hf(g);
+  CHECK(a.num_attention_heads == 16);
+  CHECK(a.num_key_value_heads == 8);
+  CHECK(a.head_dim == 256);  // explicit, not 3584 / 16 = 224
+  CHECK(a.num_hidden_layers == 42);
+  CHECK(a.sliding_window == 4096);
+  REQUIRE(a.sliding_layers.size() == 42);
+  // HF Gemma2DecoderLayer: is_sliding = not bool(layer_idx % 2)
+  for (posenc::index_t l = 0; l < 42; ++l) CHECK(a.layer_window(l) == (l % 2 == 0 ? 4096 : 0));
+  CHECK(a.attn_logit_softcapping == 50.0);
+  REQUIRE(a.query_pre_attn_scalar);
+  CHECK(*a.query_pre_attn_scalar == 256.0);
+  CHECK(*a.scale() == 1.0 / 16.0);  // 256^-1/2
+  CHECK_FALSE(a.has_sinks);
+  const auto o = a.options(1);
+  CHECK(o.sliding_window == 0);
+  CHECK(o.logit_softcap == 50.0);
+  CHECK(*o.scale == 1.0 / 16.0);
+
+  // The same with transformers >= 4.53's layer_types, which wins over the model's rule.
+  json with_types = g;
+  with_types["num_hidden_layers"] = 4;
+  with_types["layer_types"] = {"full_attention", "sliding_attention", "sliding_attention", "full_attention"};
+  const auto t = posenc::io::attention_config_from_hf(with_types);
+  CHECK(t.layer_window(0) == 0);
+  CHECK(t.layer_window(1) == 4096);
+  CHECK(t.layer_window(2) == 4096);
+  CHECK(t.layer_window(3) == 0);
+}
+
+TEST_CASE("hf_config: attention of Gemma 3 (text_config, sliding_window_pattern 6)", "[io][hf_config]") {
+  // google/gemma-3-4b-it: a multimodal config; the decoder's keys are in text_config.
+  const json g = json::parse(R"({
+    "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+    "text_config": {"head_dim": 256, "hidden_size": 2560, "model_type": "gemma3_text", "num_attention_heads": 8,
+                    "num_hidden_layers": 34, "num_key_value_heads": 4, "query_pre_attn_scalar": 256,
+                    "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024,
+                    "sliding_window_pattern": 6, "attn_logit_softcapping": null, "final_logit_softcapping": null},
+    "vision_config": {"hidden_size": 1152, "model_type": "siglip_vision_model", "num_attention_heads": 16}})");
+  const auto a = posenc::io::attention_config_from_hf(g);
+  CHECK(a.model_type == "gemma3_text");
+  CHECK(a.num_attention_heads == 8);
+  CHECK(a.num_key_value_heads == 4);
+  CHECK(a.head_dim == 256);
+  CHECK(a.sliding_window == 1024);
+  REQUIRE(a.sliding_layers.size() == 34);
+  // HF Gemma3DecoderLayer: is_sliding = bool((layer_idx + 1) % sliding_window_pattern): 5, 11, ... full
+  for (posenc::index_t l = 0; l < 34; ++l) CHECK(a.layer_window(l) == ((l + 1) % 6 == 0 ? 0 : 1024));
+  CHECK(a.attn_logit_softcapping == 0.0);
+  CHECK(*a.scale() == 1.0 / 16.0);
+}
+
+TEST_CASE("hf_config: attention of gpt-oss-20b (sinks, layer_types, window 128)", "[io][hf_config]") {
+  json g = json::parse(R"({
+    "architectures": ["GptOssForCausalLM"], "attention_bias": true, "head_dim": 64, "hidden_size": 2880,
+    "initial_context_length": 4096, "intermediate_size": 2880, "max_position_embeddings": 131072,
+    "model_type": "gpt_oss", "num_attention_heads": 64, "num_experts_per_tok": 4, "num_hidden_layers": 24,
+    "num_key_value_heads": 8, "num_local_experts": 32, "rope_theta": 150000,
+    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                     "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": false},
+    "sliding_window": 128, "vocab_size": 201088})");
+  std::vector<std::string> types;
+  for (int l = 0; l < 24; ++l) types.push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");
+  g["layer_types"] = types;
+  const auto a = posenc::io::attention_config_from_hf(g);
+  CHECK(a.num_attention_heads == 64);
+  CHECK(a.num_key_value_heads == 8);
+  CHECK(a.head_dim == 64);  // explicit; 2880 / 64 = 45
+  CHECK(a.has_sinks);
+  CHECK(a.sliding_window == 128);
+  for (posenc::index_t l = 0; l < 24; ++l) CHECK(a.layer_window(l) == (l % 2 == 0 ? 128 : 0));
+  CHECK_FALSE(a.scale());
+  CHECK(a.attn_logit_softcapping == 0.0);
+
+  json bad = g;
+  bad["layer_types"][3] = "chunked_attention";  // Llama 4's kind: not a window posenc implements
+  CHECK_THROWS_WITH(posenc::io::attention_config_from_hf(bad),
+                    Catch::Contains("layer_types: entries must be sliding_attention or full_attention"));
+  bad = g;
+  bad["layer_types"].erase(0);
+  CHECK_THROWS_WITH(posenc::io::attention_config_from_hf(bad), Catch::Contains("layer_types: must have num_hidden_layers"));
+}
+
+TEST_CASE("hf_config: attention of Llama-3.1-8B (no window) and Qwen2 (use_sliding_window)", "[io][hf_config]") {
+  const auto a = posenc::io::attention_config_from_hf(config("llama-3.1-8b"));
+  CHECK(a.num_attention_heads == 32);
+  CHECK(a.num_key_value_heads == 8);
+  CHECK(a.head_dim == 128);
+  CHECK(a.sliding_window == 0);
+  CHECK(a.layer_window(0) == 0);
+  CHECK_FALSE(a.has_sinks);
+
+  // Qwen2-7B: sliding_window is set but unused (use_sliding_window false).
+  json q = json::parse(R"({"model_type": "qwen2", "hidden_size": 3584, "num_attention_heads": 28,
+    "num_key_value_heads": 4, "num_hidden_layers": 28, "max_window_layers": 28, "sliding_window": 131072,
+    "use_sliding_window": false, "rope_theta": 1000000.0})");
+  const auto b = posenc::io::attention_config_from_hf(q);
+  CHECK(b.head_dim == 128);
+  CHECK(b.sliding_window == 0);
+  CHECK(b.layer_window(27) == 0);
+  // With use_sliding_window, layers >= max_window_layers slide (HF Qwen2Config's layer_types).
+  q["use_sliding_window"] = true;
+  q["sliding_window"] = 4096;
+  q["max_window_layers"] = 20;
+  const auto c = posenc::io::attention_config_from_hf(q);
+  for (posenc::index_t l = 0; l < 28; ++l) CHECK(c.layer_window(l) == (l >= 20 ? 4096 : 0));
+
+  // MHA default and errors naming the key.
+  const auto m = posenc::io::attention_config_from_hf(json::parse(R"({"num_attention_heads": 12, "hidden_size": 768})"));
+  CHECK(m.num_key_value_heads == 12);
+  CHECK(m.head_dim == 64);
+  CHECK(m.num_hidden_layers == 0);
+  CHECK_THROWS_WITH(posenc::io::attention_config_from_hf(json::parse(R"({"hidden_size": 768})")),
+                    Catch::Contains("num_attention_heads"));
+  CHECK_THROWS_WITH(posenc::io::attention_config_from_hf(
+                        json::parse(R"({"num_attention_heads": 12, "num_key_value_heads": 5, "head_dim": 64})")),
+                    Catch::Contains("num_key_value_heads: must be > 0 and divide num_attention_heads"));
+  CHECK_THROWS_WITH(posenc::io::attention_config_from_hf(
+                        json::parse(R"({"num_attention_heads": 4, "head_dim": 64, "sliding_window": -1})")),
+                    Catch::Contains("sliding_window: must be >= 0"));
+  CHECK_THROWS_WITH(posenc::io::attention_config_from_hf(
+                        json::parse(R"({"num_attention_heads": 4, "head_dim": 64, "attn_logit_softcapping": -50})")),
+                    Catch::Contains("attn_logit_softcapping"));
+}

@@ -32,6 +32,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <iostream>
 #include <limits>
 #include <map>
@@ -42,6 +43,7 @@
 #include <string>
 #include <string_view>
 #include <unsupported/Eigen/CXX11/ThreadPool>
+#include <utility>
 #include <vector>
 
 #include "posenc/alibi.hpp"
@@ -199,6 +201,26 @@ class case_data {
       throw posenc::error("posenc: case " + name_ + ": params." + key + " has the wrong type: " + e.what());
     }
   }
+  /// Refuses (posenc::error, exit status 2) a parameter or input the runner does not implement, so a
+  /// case is never checked with one of its settings silently ignored. `unsupported` names parameters
+  /// the format defines but this runner cannot run yet, each with the reason.
+  void only(std::initializer_list<std::string_view> known_params, std::initializer_list<std::string_view> known_inputs,
+            std::initializer_list<std::pair<std::string_view, std::string_view>> unsupported = {}) const {
+    auto listed = [](std::initializer_list<std::string_view> l, const std::string& k) {
+      return std::find(l.begin(), l.end(), std::string_view(k)) != l.end();
+    };
+    for (const auto& [key, value] : params().items()) {
+      for (const auto& [name, why] : unsupported)
+        if (key == name)
+          throw posenc::error("posenc: case " + name_ + ": params." + key + ": not supported by posenc-run's " +
+                              kind() + " kind (" + std::string(why) + ")");
+      posenc::require(listed(known_params, key), "params." + key, "is not a parameter of kind " + kind(), name_);
+    }
+    if (meta_.contains("inputs"))
+      for (const auto& [key, value] : meta_.at("inputs").items())
+        posenc::require(listed(known_inputs, key), "inputs." + key, "is not an input of kind " + kind(), name_);
+  }
+
   /// Required parameter.
   template <class V>
   [[nodiscard]] V need(const std::string& key) const {
@@ -310,14 +332,18 @@ struct visibility {
   bool causal = false;
   std::vector<std::int64_t> q_pos, k_pos;  // [B, Sq], [B, Sk]
   std::vector<std::int64_t> padding;       // [B, Sk], nonzero = padding (empty = none)
+  std::int64_t window = 0;                 // sliding window (causal only), 0 = none
   [[nodiscard]] bool visible(index_t b, index_t i, index_t j) const {
     if (!padding.empty() && padding[static_cast<std::size_t>(b * Sk + j)] != 0) return false;
-    return !causal || k_pos[static_cast<std::size_t>(b * Sk + j)] <= q_pos[static_cast<std::size_t>(b * Sq + i)];
+    if (!causal) return true;
+    const std::int64_t q = q_pos[static_cast<std::size_t>(b * Sq + i)], k = k_pos[static_cast<std::size_t>(b * Sk + j)];
+    return k <= q && (window == 0 || q - k < window);
   }
 };
 
-/// Run the fused kernel with lse and derive probs p_ij = exp(s_ij - lse_i) (see the file comment).
-/// `bias(b, h, i, j)` is the additive term after the scale. The scores use q and k, or q_scores /
+/// Run the fused kernel with lse and derive probs p_ij = exp(s_ij - lse_i) (see the file comment;
+/// with sinks lse includes the sink, so these are the probabilities without a sink column).
+/// `bias(b, h, i, j)` is the additive term after the scale and opt.logit_softcap. The scores use q and k, or q_scores /
 /// k_scores when the encoding transforms them inside the kernel (RoPE: the rotated operands).
 template <class T, class E, class Bias>
 void attention_outputs(const run_env& env, results& r, const std::vector<T>& q, const std::vector<std::int64_t>& qs,
@@ -347,7 +373,9 @@ void attention_outputs(const run_env& env, results& r, const std::vector<T>& q, 
           const T* kj = (k_scores ? *k_scores : k).data() + ((b * Sk + j) * Hkv + h / group) * D;
           double dot = 0;
           for (index_t d = 0; d < D; ++d) dot += static_cast<double>(qi[d]) * static_cast<double>(kj[d]);
-          const double s = scale * dot + static_cast<double>(bias(b, h, i, j));
+          double s = scale * dot;
+          if (opt.logit_softcap > 0) s = opt.logit_softcap * std::tanh(s / opt.logit_softcap);  // FORMAT.md 5.11
+          s += static_cast<double>(bias(b, h, i, j));
           probs[static_cast<std::size_t>(((b * H + h) * Sq + i) * Sk + j)] = static_cast<T>(std::exp(s - l));
         }
       }
@@ -546,18 +574,32 @@ results run_transformer_xl(const run_env& env) {
   return r;
 }
 
-/// 5.11 attention: the plain kernel, with an optional broadcast additive bias.
+/// 5.11 attention: the plain kernel, with an optional broadcast additive bias and the decoder
+/// features (sliding_window, logit_softcap, per-head sinks). Any other parameter or input is refused.
 template <class T>
 results run_attention(const run_env& env) {
   const case_data& c = env.c;
+  c.only({"num_attention_heads", "num_key_value_heads", "causal", "q_offset", "scale", "sliding_window", "logit_softcap"},
+         {"q", "k", "v", "bias", "key_padding_mask", "sinks"},
+         {{"kv_dtype", "half-precision K/V storage is not implemented in posenc-run yet"}});
   const auto qs = c.shape("q"), ks = c.shape("k"), vs = c.shape("v");
   const index_t B = qs[0], Sq = qs[1], H = qs[2], D = qs[3], Sk = ks[1];
   const double scale = c.param<double>("scale", 1.0 / std::sqrt(static_cast<double>(D)));
   const std::int64_t q_offset = c.param<std::int64_t>("q_offset", 0);
-  posenc::attention_options opt{.causal = c.need<bool>("causal"), .q_offset = q_offset};
+  posenc::attention_options opt{.causal = c.need<bool>("causal"),
+                                .sliding_window = c.param<index_t>("sliding_window", 0),
+                                .logit_softcap = c.param<double>("logit_softcap", 0.0),
+                                .q_offset = q_offset};
   visibility vis{B, Sq, Sk, opt.causal, offset_positions(B, Sq, q_offset), offset_positions(B, Sk, 0), {}};
+  vis.window = opt.sliding_window;
   std::vector<std::int64_t> pad;
   read_padding(c, opt, vis, pad, B, Sk);
+  std::vector<double> sinks;  // the kernel takes sinks in double in both dtypes
+  if (c.has_input("sinks")) {
+    posenc::require(c.shape("sinks") == std::vector<std::int64_t>{H}, "sinks", "must be [num_attention_heads]");
+    sinks = c.real<double>("sinks");
+    opt.sinks = sinks;
+  }
   results r;
   const auto q = c.real<T>("q"), k = c.real<T>("k"), v = c.real<T>("v");
   if (c.has_input("bias")) {

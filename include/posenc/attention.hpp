@@ -34,6 +34,7 @@
 #include <limits>
 #include <optional>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <Eigen/Core>
@@ -75,10 +76,11 @@ class fused_attention {
 
   fused_attention(heads_view<const T> q, heads_view<const KV> k, heads_view<const KV> v, heads_view<T> out, T* lse,
                   const Bound& enc, const call_masks& masks, T scale, index_t q_block, index_t k_block,
-                  index_t buckets, index_t threads)
+                  index_t buckets, index_t threads, T softcap, std::vector<T> sinks)
       : out_(out), lse_(lse), heads_(q.heads()), q_len_(q.seq()),
         sched_(q.heads(), k.heads(), q_block, k_block, masks, threads, tile_gemm<T>::a_panel),
-        operands_(q, k, v, enc, sched_, scale), math_(enc, sched_, scale, q.dim(), v.dim(), buckets) {}
+        operands_(q, k, v, enc, sched_, scale),
+        math_(enc, sched_, scale, q.dim(), v.dim(), buckets, softcap, std::move(sinks)) {}
 
   void run(Eigen::ThreadPoolInterface* pool) {
     operands_.prepare(pool);
@@ -187,6 +189,7 @@ void attention_impl(heads_view<const T> q, heads_view<const KV> k, heads_view<co
                 !memory_overlaps(lv, v),
             "lse", "must not overlap q, k, v or out");
   }
+  check_logit_options(opt, H);
   const call_masks masks = resolve_masks(opt, B, Sq, Sk);
   call_info info = masks.info(H, Hkv, D, Dv);
   info.scalar = std::is_same_v<T, double> ? scalar_type::float64 : scalar_type::float32;
@@ -217,7 +220,9 @@ void attention_impl(heads_view<const T> q, heads_view<const KV> k, heads_view<co
   const index_t k_block = opt.k_block > 0 ? opt.k_block : default_k_block;
   fused_attention<T, KV, bound_type> kernel(q, k, v, out, lse ? lse->data() : nullptr, bound, masks,
                                             static_cast<T>(scale), q_block, k_block, buckets,
-                                            opt.pool != nullptr ? std::max<index_t>(opt.pool->NumThreads(), 1) : 1);
+                                            opt.pool != nullptr ? std::max<index_t>(opt.pool->NumThreads(), 1) : 1,
+                                            static_cast<T>(opt.logit_softcap),
+                                            std::vector<T>(opt.sinks.begin(), opt.sinks.end()));
   kernel.run(opt.pool);
 }
 
@@ -244,8 +249,10 @@ void attention(heads_view<const T> q, heads_view<const KV> k, heads_view<const K
 }
 
 /// Same, and writes lse [batch, heads, q_len]: the natural-log log-sum-exp of each row's scaled
-/// scores over the visible keys (-inf for a row that sees nothing). With it, two calls over
-/// disjoint key ranges combine exactly (merge).
+/// scores over the visible keys (-inf for a row that sees nothing), including the head's sink when
+/// options.sinks is set: log(sum_j exp(s_ij) + exp(sink_h)). With it, two calls over disjoint key
+/// ranges combine exactly (merge) — without sinks: a sink must join the denominator once, so merged
+/// partial calls pass no sinks (docs/masks.md).
 template <class T, attention_encoding E = no_position>
 void attention(heads_view<const T> q, heads_view<const T> k, heads_view<const T> v, heads_view<T> out,
                tensor_map<T, 3> lse, const E& enc = {}, const attention_options& opt = {}) {

@@ -3,8 +3,11 @@
 // attention (reference.hpp), so both read one set of conventions (docs/design.md):
 //  * positions: queries at q_positions (default q_offset + i), keys at k_positions (default j);
 //  * causal: a query at position p sees the keys at positions <= p (KV cache, packed sequences);
-//  * padding: key_padding_mask [batch, k_len], nonzero = padding (FORMAT.md), and/or kv_lengths
-//    (keys j >= kv_lengths[b] are padding);
+//  * sliding window (with causal): a query at position p sees the keys at positions p - W + 1 .. p;
+//  * padding: key_padding_mask [batch, k_len], nonzero = padding (FORMAT.md), attention_mask (Hugging
+//    Face: 1 = token, 0 = padding) and/or kv_lengths (keys j >= kv_lengths[b] are padding); a key is
+//    padding when any of them says so;
+//  * logit softcap and attention sinks of decoders (Gemma 2, gpt-oss; docs/masks.md);
 //  * a query that sees no key gets an all-zero output (and log-sum-exp -inf).
 #pragma once
 
@@ -32,6 +35,15 @@ struct attention_options {
   std::optional<double> scale{};
   /// Causal by positions: key visible iff k_position <= q_position.
   bool causal = false;
+  /// Sliding window W (requires causal; 0 = off): key visible iff 0 <= q_position - k_position < W
+  /// (Hugging Face Mistral / Gemma 2-3 / gpt-oss sliding-window layers).
+  index_t sliding_window = 0;
+  /// Logit softcap c (0 = off; else finite and > 0): s = c tanh(s / c) on the scaled logits (q.k and
+  /// the encoding's score terms), before position biases and masks (Gemma 2's attn_logit_softcapping).
+  double logit_softcap = 0.0;
+  /// Attention sinks, one logit per query head (empty = none): exp(sinks[h]) joins each row's softmax
+  /// denominator and contributes no value (gpt-oss). lse then includes it (docs/masks.md).
+  std::span<const double> sinks{};
   /// Position of the first query when q_positions is not given (tokens already in the KV cache).
   std::int64_t q_offset = 0;
   /// Explicit positions [batch, q_len] / [batch, k_len]; override q_offset and 0..k_len-1.
@@ -39,6 +51,8 @@ struct attention_options {
   std::optional<positions_view> k_positions{};
   /// [batch, k_len], nonzero = padding key (never attended).
   std::optional<tensor_map<const std::int64_t, 2>> key_padding_mask{};
+  /// [batch, k_len], Hugging Face's attention_mask: 1 = token, 0 = padding (other values are an error).
+  std::optional<tensor_map<const std::int64_t, 2>> attention_mask{};
   /// Valid key count per batch row (size batch); keys j >= kv_lengths[b] are padding.
   std::span<const std::int64_t> kv_lengths{};
   /// Thread pool for (batch, head, query block) work items; null = the calling thread only.

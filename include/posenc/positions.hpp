@@ -48,16 +48,21 @@ using positions = Eigen::Tensor<std::int64_t, 2, Eigen::RowMajor>;
   return p;
 }
 
+/// Checks that a Hugging Face attention_mask holds only 0 (padding) and 1 (token) (posenc::error).
+inline void check_attention_mask(tensor_map<const std::int64_t, 2> attention_mask) {
+  for (index_t b = 0; b < attention_mask.dimension(0); ++b)
+    for (index_t s = 0; s < attention_mask.dimension(1); ++s)
+      require(attention_mask(b, s) == 0 || attention_mask(b, s) == 1, "attention_mask",
+              "entries must be 0 or 1 (1 = token, 0 = padding)", attention_mask(b, s), " at [", b, ", ", s, "]");
+}
+
 /// Left-padded batches (Hugging Face's generate): positions = cumsum(mask) - 1 over each row, so the
 /// first real token is at 0 whatever the padding before it. `attention_mask` is [batch, seq] with
 /// 1 = real token, 0 = padding (HF's convention). Padding slots get position 1, as HF's
 /// `position_ids.masked_fill_(attention_mask == 0, 1)` does; they are masked out of attention anyway.
 [[nodiscard]] inline positions positions_from_attention_mask(tensor_map<const std::int64_t, 2> attention_mask) {
   const index_t batch = attention_mask.dimension(0), seq = attention_mask.dimension(1);
-  for (index_t b = 0; b < batch; ++b)
-    for (index_t s = 0; s < seq; ++s)
-      require(attention_mask(b, s) == 0 || attention_mask(b, s) == 1, "attention_mask", "entries must be 0 or 1",
-              attention_mask(b, s), " at [", b, ", ", s, "]");
+  check_attention_mask(attention_mask);
   positions p(batch, seq);
   for (index_t b = 0; b < batch; ++b) {
     std::int64_t count = 0;

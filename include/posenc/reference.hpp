@@ -7,8 +7,10 @@
 //
 // Encoding terms enter as per-element callables, so a test writes each formula independently of
 // the encoding type under test:
-//   s_ij = scale * (q_i . k_j + score_term(b,h,i,j)) + bias(b,h,i,j)
-//   p_ij = softmax_j(s_ij) over the visible keys
+//   s_ij = cap(scale * (q_i . k_j + score_term(b,h,i,j))) + bias(b,h,i,j)
+//          cap(x) = c tanh(x / c) with options.logit_softcap = c, else x
+//   p_ij = exp(s_ij - m) / (sum_j' exp(s_ij' - m) [+ exp(sinks[h] - m)]) over the visible keys
+//          (m the maximum of the visible scores and the sink)
 //   out_i = sum_j p_ij * (v_j + value_term(b,h,i,j))
 // Q/K transforms (RoPE) are applied to q and k before the call.
 #pragma once
@@ -37,7 +39,8 @@ struct reference_terms {
 };
 
 /// Plain materialized attention. `probs` (optional) is [batch, heads, q_len, k_len]; `lse` (optional)
-/// is [batch, heads, q_len], natural log of sum_j exp(s_ij) over visible keys (-inf when none).
+/// is [batch, heads, q_len], natural log of sum_j exp(s_ij) over visible keys, plus exp(sinks[h])
+/// when there are sinks (-inf when the row sees no key).
 template <class T>
 void reference_attention(heads_view<const T> q, heads_view<const T> k, heads_view<const T> v, heads_view<T> out,
                          const attention_options& opt = {}, const reference_terms<T>& terms = {},
@@ -52,6 +55,7 @@ void reference_attention(heads_view<const T> q, heads_view<const T> k, heads_vie
   if (lse)
     require(lse->dimension(0) == B && lse->dimension(1) == H && lse->dimension(2) == Sq, "lse",
             "must be [batch, heads, q_len]");
+  detail::check_logit_options(opt, H);
   const detail::call_masks m = detail::resolve_masks(opt, B, Sq, Sk);
   const double scale = opt.scale ? *opt.scale : 1.0 / std::sqrt(static_cast<double>(D));
   require(std::isfinite(scale), "scale", "must be finite", scale);
@@ -71,6 +75,10 @@ void reference_attention(heads_view<const T> q, heads_view<const T> k, heads_vie
           for (index_t d = 0; d < D; ++d) dot += q(b, i, h, d) * k(b, j, hk, d);
           if (terms.score_term) dot += terms.score_term(b, h, i, j);
           s[j] = static_cast<T>(scale) * dot;
+          if (opt.logit_softcap > 0) {
+            const T c = static_cast<T>(opt.logit_softcap);
+            s[j] = c * std::tanh(s[j] / c);
+          }
           if (terms.bias) s[j] += terms.bias(b, h, i, j);
           if (vis[j] && s[j] > mx) mx = s[j];
           if (vis[j] && (std::isnan(s[j]) || s[j] == -neg_inf)) poisoned = true;
@@ -82,9 +90,12 @@ void reference_attention(heads_view<const T> q, heads_view<const T> k, heads_vie
           if (lse) (*lse)(b, h, i) = std::numeric_limits<T>::quiet_NaN();
           continue;
         }
-        T sum = 0;
+        // A row whose visible scores are all -inf (or that sees nothing) gets zero weights and no sink.
+        const bool sink = !opt.sinks.empty() && mx != neg_inf;
+        const T sink_logit = sink ? static_cast<T>(opt.sinks[static_cast<std::size_t>(h)]) : neg_inf;
+        if (sink && sink_logit > mx) mx = sink_logit;
+        T sum = sink ? std::exp(sink_logit - mx) : T(0);
         for (index_t j = 0; j < Sk; ++j) {
-          // A row whose visible scores are all -inf (or that sees nothing) gets zero weights.
           s[j] = (vis[j] && mx != neg_inf) ? std::exp(s[j] - mx) : T(0);
           sum += s[j];
         }

@@ -7,6 +7,9 @@
 //   item   up to default_units_per_item units of one (batch, kv head), run by one thread: each K/V
 //          block is packed once for all of them;
 //   block  a key block (k_block keys of one batch row), summarized once per call (key_block).
+// With a sliding window (causal only) a key block that lies before the window of every query of a
+// unit is skipped like a block above the causal diagonal: for L = 16384 and W = 4096 a query block
+// visits at most W / k_block + 2 key blocks instead of up to L / k_block.
 // Nothing here reads q, k or v: the schedule depends only on shapes, positions and masks, so the
 // arithmetic of a unit never depends on the thread count.
 #pragma once
@@ -106,6 +109,11 @@ class attention_schedule {
       const std::int64_t* q = masks.qp(b);
       q_max_.push_back(masks.q_len == 0 ? std::numeric_limits<std::int64_t>::min() : *std::max_element(q, q + masks.q_len));
     }
+    if (masks.window > 0) {  // block_seen asks whether some query's window reaches a block
+      q_sorted_.assign(masks.q_pos.begin(), masks.q_pos.end());
+      for (index_t b = 0; b < masks.batch; ++b)
+        std::sort(q_sorted_.begin() + b * masks.q_len, q_sorted_.begin() + (b + 1) * masks.q_len);
+    }
     // Up to default_units_per_item units per item, fewer when that would leave under two items per
     // thread.
     const index_t units = masks.batch * heads_ * q_blocks_;
@@ -137,10 +145,17 @@ class attention_schedule {
   }
 
   /// Whether some query of batch row b can see block blk (it has a valid key, and under a causal
-  /// mask a key at or before the row's last query position).
+  /// mask a key at or before the row's last query position; with a sliding window, some query at a
+  /// position in [pos_min, pos_max + window - 1]).
   [[nodiscard]] bool block_seen(index_t b, const key_block& blk) const {
     if (blk.valid == 0 || masks_.q_len == 0) return false;
-    return !masks_.causal || blk.pos_min <= q_max_[static_cast<std::size_t>(b)];
+    if (!masks_.causal) return true;
+    if (blk.pos_min > q_max_[static_cast<std::size_t>(b)]) return false;
+    if (masks_.window == 0) return true;
+    // The first query at or after pos_min: the block is seen iff its window still reaches pos_max.
+    const auto first = q_sorted_.begin() + b * masks_.q_len, last = first + masks_.q_len;
+    const auto q = std::lower_bound(first, last, blk.pos_min);
+    return q != last && !before_window(*q, blk.pos_max, masks_.window);
   }
 
   /// Item `item`. Items of one (batch, kv head) are consecutive and, within it, the last query blocks
@@ -179,6 +194,7 @@ class attention_schedule {
       for (index_t i = 0; i < w.count; ++i) {
         const query_unit& u = w.units[static_cast<std::size_t>(i)];
         if (masks_.causal && blk.pos_min > u.q_max) continue;  // above the causal diagonal: nothing visible
+        if (before_window(u.q_min, blk.pos_max, masks_.window)) continue;  // before every query's window
         p.cols[static_cast<std::size_t>(i)] = needed_keys(w.b, blk, u);
         p.kcols = std::max(p.kcols, p.cols[static_cast<std::size_t>(i)]);
         p.any_packed = p.any_packed || u.packed;
@@ -189,7 +205,8 @@ class attention_schedule {
 
   /// Whether unit u sees every key of blk (no mask to apply on the tile).
   [[nodiscard]] bool all_visible(const key_block& blk, const query_unit& u) const {
-    return blk.valid == blk.cols && (!masks_.causal || blk.pos_max <= u.q_min);
+    return blk.valid == blk.cols &&
+           (!masks_.causal || (blk.pos_max <= u.q_min && causal_visible(u.q_max, blk.pos_min, masks_.window)));
   }
 
  private:
@@ -209,6 +226,7 @@ class attention_schedule {
   index_t units_per_item_ = 1, units_per_group_ = 0, items_per_group_ = 0;
   std::vector<key_block> key_blocks_;
   std::vector<std::int64_t> q_max_;  ///< per batch row: the last query position
+  std::vector<std::int64_t> q_sorted_;  ///< [batch, q_len] query positions sorted per row (sliding window only)
 };
 
 }  // namespace posenc::detail

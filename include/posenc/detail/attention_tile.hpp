@@ -5,17 +5,25 @@
 //   S  = scale Q K^T                                       GEBP on packed operands (S^T = scale K Q^T,
 //                                                          the scale as the product's alpha), or an
 //                                                          Eigen expression for few rows
-//   S += scale * score_terms ; S += position_bias          the encoding's hooks
-//   S  = -inf where not visible                            padding keys, causal by positions
+//   S += scale * score_terms                               the encoding's terms inside the scale
+//   S  = c tanh(S / c)                                     logit softcap c, when set (softcap_tile)
+//   S += position_bias                                     the encoding's bias after the scale
+//   S  = -inf where not visible                            padding keys, causal by positions, sliding
+//                                                          window (mask_tile)
 //   online softmax step (detail/online_softmax.hpp)        S becomes the weights P
 //   O  = alpha O + P V ; A = alpha A + bucket mass of P    value terms per bucket (A: rows x buckets)
-// and at the end out = (O + A * value_table) / l, lse = m + log l.
+// and at the end O = O + A * value_table, the head's sink folded into (m, l) (online_softmax::
+// fold_sink), out = O / l, lse = m + log l.
+// mask_tile, softcap_tile and fold_sink are free of the schedule so that other paths building score
+// tiles (a decode step) apply the same rules.
 #pragma once
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <limits>
+#include <utility>
+#include <vector>
 
 #include <Eigen/Core>
 
@@ -25,10 +33,11 @@
 namespace posenc::detail {
 
 /// Sets the invisible scores of a tile to -inf (call_masks::visible, per tile): padding keys by
-/// column, causal by comparing positions (a prefix per row when the key positions ascend).
+/// column, causal by comparing positions, and with a sliding window (`window` > 0, causal only) the
+/// keys at or before q - window; when the key positions ascend, each row keeps one contiguous range.
 template <class T>
 void mask_tile(matrix_map<T> s, const std::int64_t* q_pos, const std::int64_t* k_pos, const unsigned char* k_valid,
-               bool has_padding, bool causal, bool ascending) {
+               bool has_padding, bool causal, bool ascending, std::int64_t window = 0) {
   constexpr T neg_inf = -std::numeric_limits<T>::infinity();
   const index_t rows = s.rows(), cols = s.cols();
   if (has_padding)
@@ -39,12 +48,24 @@ void mask_tile(matrix_map<T> s, const std::int64_t* q_pos, const std::int64_t* k
     for (index_t i = 0; i < rows; ++i) {
       const index_t seen = std::upper_bound(k_pos, k_pos + cols, q_pos[i]) - k_pos;
       s.row(i).tail(cols - seen).setConstant(neg_inf);
+      if (window > 0) {  // keys before q - window + 1 are outside the window
+        const index_t first = std::lower_bound(k_pos, k_pos + seen, window_start(q_pos[i], window)) - k_pos;
+        s.row(i).head(first).setConstant(neg_inf);
+      }
     }
   } else {
     for (index_t i = 0; i < rows; ++i)
       for (index_t j = 0; j < cols; ++j)
-        if (k_pos[j] > q_pos[i]) s(i, j) = neg_inf;
+        if (!causal_visible(q_pos[i], k_pos[j], window)) s(i, j) = neg_inf;
   }
+}
+
+/// Logit softcap (Gemma 2's attn_logit_softcapping; ggml's logit_softcap): s = cap tanh(s / cap),
+/// element-wise over a tile (Eigen's packet tanh where it has one). cap > 0.
+template <class T>
+void softcap_tile(matrix_map<T> s, T cap) {
+  const T inv = T(1) / cap;
+  for (index_t i = 0; i < s.rows(); ++i) s.row(i).array() = (s.row(i).array() * inv).tanh() * cap;
 }
 
 /// Everything one tile step reads: the unit (its prepared queries), the key block and its operands.
@@ -67,8 +88,11 @@ class tile_math {
   using unit_state = typename scratch::unit_state;
   static constexpr bool value_terms = has_value_terms<Bound, T>;
 
-  tile_math(const Bound& enc, const attention_schedule& sched, T scale, index_t dim, index_t vdim, index_t buckets)
-      : enc_(enc), sched_(sched), scale_(scale), dim_(dim), vdim_(vdim), buckets_(buckets),
+  /// `softcap`: 0 = none; `sinks`: one logit per query head, or empty.
+  tile_math(const Bound& enc, const attention_schedule& sched, T scale, index_t dim, index_t vdim, index_t buckets,
+            T softcap, std::vector<T> sinks)
+      : enc_(enc), sched_(sched), scale_(scale), softcap_(softcap), sinks_(std::move(sinks)), dim_(dim), vdim_(vdim),
+        buckets_(buckets),
         chunk_s_(gemm::column_chunk(sched.max_k_cols(), dim, sched.max_q_rows())),
         chunk_pv_(gemm::column_chunk(vdim, sched.max_k_cols(), sched.max_q_rows())) {}
 
@@ -102,10 +126,11 @@ class tile_math {
                     .k = const_matrix_map<T>(in.ops.k.data(), std::min(cols, in.ops.k.rows()), dim_,
                                              Eigen::OuterStride<>(in.ops.k.outerStride()))};
     if constexpr (has_score_terms<Bound, T>) enc_.add_score_terms(t, scale_, s);
+    if (softcap_ > T(0)) softcap_tile<T>(s, softcap_);
     if constexpr (has_position_bias<Bound, T>) enc_.add_position_bias(t, s);
     if (!sched_.all_visible(in.blk, u))
       mask_tile<T>(s, u.q_pos, k_pos, sched_.masks().kv(in.b) + in.blk.first, in.blk.valid != in.blk.cols,
-                   sched_.masks().causal, in.blk.ascending);
+                   sched_.masks().causal, in.blk.ascending, sched_.masks().window);
 
     online_softmax<T>& sm = st.softmax;
     matrix_map<T> acc(st.acc_out.data(), rows, vdim_, Eigen::OuterStride<>(vdim_));
@@ -123,13 +148,18 @@ class tile_math {
     if constexpr (value_terms) add_bucket_mass(t, s, st, sc);
   }
 
-  /// out rows of the unit = (O + A * value_table) / l (zeros for rows that see no key, NaN for
-  /// poisoned rows), and their lse when asked for.
+  /// out rows of the unit = (O + A * value_table) / l, after the head's sink joined l (zeros for
+  /// rows that see no key, NaN for poisoned rows), and their lse when asked for.
   void finish(const query_unit& u, unit_state& st, matrix_map<T> dst, T* lse) const {
     matrix_map<T> acc(st.acc_out.data(), u.rows, vdim_, Eigen::OuterStride<>(vdim_));
     if constexpr (value_terms)
       if (buckets_ > 0) acc.noalias() += bucket_sums(u.rows, st) * enc_.template value_table<T>(u.head);
-    const online_softmax<T>& sm = st.softmax;
+    online_softmax<T>& sm = st.softmax;
+    if (!sinks_.empty())
+      for (index_t r = 0; r < u.rows; ++r) {
+        const T a = sm.fold_sink(r, sinks_[static_cast<std::size_t>(u.head)]);
+        if (a != T(1)) acc.row(r) *= a;
+      }
     for (index_t r = 0; r < u.rows; ++r) sm.finish_row(r, dst.row(r), acc.row(r));
     if (lse != nullptr)
       for (index_t r = 0; r < u.rows; ++r) lse[r] = sm.lse(r);
@@ -172,7 +202,8 @@ class tile_math {
 
   const Bound& enc_;
   const attention_schedule& sched_;
-  T scale_;
+  T scale_, softcap_;
+  std::vector<T> sinks_;
   index_t dim_, vdim_, buckets_, chunk_s_, chunk_pv_;
   std::atomic<bool> bad_bucket_{false};
 };

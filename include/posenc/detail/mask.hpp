@@ -3,19 +3,44 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
 
+#include "posenc/detail/platform.hpp"
 #include "posenc/encoding.hpp"
 #include "posenc/options.hpp"
 
 namespace posenc::detail {
 
+/// Causal visibility by positions with an optional sliding window (0 = none): k <= q, and
+/// q - k < window (Hugging Face Mistral's sliding-window mask, FORMAT.md 5.11). The difference is
+/// taken in uint64, exact for any k <= q even when q - k does not fit int64.
+[[nodiscard]] inline bool causal_visible(std::int64_t q, std::int64_t k, std::int64_t window) {
+  return k <= q && (window == 0 || static_cast<std::uint64_t>(q) - static_cast<std::uint64_t>(k) <
+                                       static_cast<std::uint64_t>(window));
+}
+
+/// Whether a key at position k is before the window of a query at q (k <= q - window): it is then
+/// before the window of every query at a position >= q too.
+[[nodiscard]] inline bool before_window(std::int64_t q, std::int64_t k, std::int64_t window) {
+  return window > 0 && k <= q && !causal_visible(q, k, window);
+}
+
+/// The smallest key position inside the window of a query at q: q - window + 1 (the int64 minimum
+/// when that is below it; any key is then inside).
+[[nodiscard]] inline std::int64_t window_start(std::int64_t q, std::int64_t window) {
+  std::int64_t r = 0;
+  if (sub_overflow(q, window - 1, r)) return std::numeric_limits<std::int64_t>::min();
+  return r;
+}
+
 /// Positions and key validity of a call, [batch, len] each, owned (O(L) per batch row).
 struct call_masks {
   index_t batch = 0, q_len = 0, k_len = 0;
   bool causal = false;
+  std::int64_t window = 0;             ///< sliding window (with causal), 0 = none
   std::vector<std::int64_t> q_pos;     ///< [batch * q_len]
   std::vector<std::int64_t> k_pos;     ///< [batch * k_len]
   std::vector<unsigned char> k_valid;  ///< [batch * k_len], 1 = may be attended
@@ -24,10 +49,10 @@ struct call_masks {
   [[nodiscard]] const std::int64_t* qp(index_t b) const { return q_pos.data() + b * q_len; }
   [[nodiscard]] const std::int64_t* kp(index_t b) const { return k_pos.data() + b * k_len; }
   [[nodiscard]] const unsigned char* kv(index_t b) const { return k_valid.data() + b * k_len; }
-  /// The single visibility rule (FORMAT.md section 3): valid key, and key position <= query position
-  /// when causal.
+  /// The single visibility rule (FORMAT.md sections 3 and 5.11): valid key, and when causal key
+  /// position <= query position, within the sliding window when there is one.
   [[nodiscard]] bool visible(index_t b, index_t i, index_t j) const {
-    return kv(b)[j] != 0 && (!causal || kp(b)[j] <= qp(b)[i]);
+    return kv(b)[j] != 0 && (!causal || causal_visible(qp(b)[i], kp(b)[j], window));
   }
 
   [[nodiscard]] call_info info(index_t heads, index_t kv_heads, index_t head_dim, index_t value_dim) const {
@@ -66,6 +91,14 @@ inline call_masks resolve_masks(const attention_options& opt, index_t batch, ind
             "key_padding_mask", "must be [batch, k_len]", "[", opt.key_padding_mask->dimension(0), ", ",
             opt.key_padding_mask->dimension(1), "] for batch ", batch, ", k_len ", k_len);
   }
+  if (opt.attention_mask) {
+    const auto& am = *opt.attention_mask;
+    require(am.dimension(0) == batch && am.dimension(1) == k_len, "attention_mask", "must be [batch, k_len]", "[",
+            am.dimension(0), ", ", am.dimension(1), "] for batch ", batch, ", k_len ", k_len);
+    check_attention_mask(am);
+  }
+  require(opt.sliding_window >= 0, "sliding_window", "must be >= 0 (0 = off)", opt.sliding_window);
+  require(opt.sliding_window == 0 || opt.causal, "sliding_window", "requires causal = true", opt.sliding_window);
   if (!opt.kv_lengths.empty()) {
     require(static_cast<index_t>(opt.kv_lengths.size()) == batch, "kv_lengths", "must have one entry per batch row",
             opt.kv_lengths.size(), " entries for batch ", batch);
@@ -79,6 +112,7 @@ inline call_masks resolve_masks(const attention_options& opt, index_t batch, ind
   m.q_len = q_len;
   m.k_len = k_len;
   m.causal = opt.causal;
+  m.window = opt.sliding_window;
   m.q_pos.resize(static_cast<std::size_t>(batch * q_len));
   m.k_pos.resize(static_cast<std::size_t>(batch * k_len));
   m.k_valid.assign(static_cast<std::size_t>(batch * k_len), 1);
@@ -88,6 +122,7 @@ inline call_masks resolve_masks(const attention_options& opt, index_t batch, ind
     for (index_t j = 0; j < k_len; ++j) {
       m.k_pos[b * k_len + j] = opt.k_positions ? (*opt.k_positions)(b, j) : j;
       if (opt.key_padding_mask && (*opt.key_padding_mask)(b, j) != 0) m.k_valid[b * k_len + j] = 0;
+      if (opt.attention_mask && (*opt.attention_mask)(b, j) == 0) m.k_valid[b * k_len + j] = 0;
       if (!opt.kv_lengths.empty() && j >= opt.kv_lengths[b]) m.k_valid[b * k_len + j] = 0;
     }
   }
@@ -100,6 +135,20 @@ inline call_masks resolve_masks(const attention_options& opt, index_t batch, ind
     m.k_max = *std::max_element(m.k_pos.begin(), m.k_pos.end());
   }
   return m;
+}
+
+/// The logit options every entry point shares (throws posenc::error before anything is written):
+/// logit_softcap 0 or finite > 0; sinks empty or one per query head, each finite or -inf (a head
+/// without a sink).
+inline void check_logit_options(const attention_options& opt, index_t heads) {
+  require(opt.logit_softcap == 0.0 || (std::isfinite(opt.logit_softcap) && opt.logit_softcap > 0.0), "logit_softcap",
+          "must be 0 (off) or finite and > 0", opt.logit_softcap);
+  if (opt.sinks.empty()) return;
+  require(static_cast<index_t>(opt.sinks.size()) == heads, "sinks", "must have one entry per query head",
+          opt.sinks.size(), " entries for ", heads, " heads");
+  for (std::size_t h = 0; h < opt.sinks.size(); ++h)
+    require(std::isfinite(opt.sinks[h]) || opt.sinks[h] == -std::numeric_limits<double>::infinity(), "sinks",
+            "entries must be finite or -inf", opt.sinks[h], " at head ", h);
 }
 
 /// Shape checks common to every attention entry point (throws posenc::error naming the argument).

@@ -25,6 +25,12 @@
 // (float, one thread, H = 8, d = 128, causal): ALiBi's far keys (weights exp(-90..-104)) made
 // attention 1.10-1.19x slower than without an encoding; with FTZ/DAZ set it is 0.98-1.02x, and this
 // flush gets the same without touching the caller's floating-point environment.
+//
+// Attention sinks (gpt-oss; FORMAT.md 5.11): a per-head logit that joins the denominator only,
+//   p_ij = exp(s_ij - m) / (sum_j' exp(s_ij' - m) + exp(sink - m)),  m = max(max_j s_ij, sink).
+// fold_sink adds it to a row's (m, l) once, after the last key block (or after merging the partial
+// states of a split-KV decode), so the row's lse becomes log(sum_j exp(s_ij) + exp(sink)). A row that
+// has seen no key (l = 0) stays empty (zero output, lse -inf) and a poisoned row stays NaN.
 #pragma once
 
 #include <cmath>
@@ -91,6 +97,19 @@ struct online_softmax {
       }
     }
     return rescale;
+  }
+
+  /// Folds the sink logit into row i (header comment) and returns the factor by which the row's
+  /// accumulators must be multiplied (exp(m_old - m_new); 1 when nothing changes). Also stored in
+  /// alpha(i).
+  T fold_sink(index_t i, T sink) {
+    alpha(i) = T(1);
+    if (!(l(i) > T(0))) return T(1);  // no key seen (stays empty) or poisoned (stays NaN)
+    const T m_new = std::max(m(i), sink);
+    alpha(i) = std::exp(m(i) - m_new);
+    l(i) = alpha(i) * l(i) + std::exp(sink - m_new);
+    m(i) = m_new;
+    return alpha(i);
   }
 
   /// Natural-log log-sum-exp of row i (-inf when the row saw no finite score, NaN when poisoned).

@@ -9,6 +9,10 @@
 //   t5_config_from_hf       T5: relative_attention_num_buckets, relative_attention_max_distance,
 //                           is_decoder
 //   learned_spec_from_hf    learned absolute: max_position_embeddings, width, row offset (OPT/BART 2)
+//   attention_config_from_hf  what a host needs besides the encoding (model_attention_config): heads,
+//                           kv heads, head_dim, the sliding window and which layers use it (Mistral,
+//                           Qwen2, Gemma 2/3, gpt-oss), Gemma 2's logit softcap and query_pre_attn_scalar,
+//                           gpt-oss's attention sinks
 // and `encoding_from_hf` picks the family from model_type and the keys present, through the table
 // `hf_families()`: a new family (Shaw, Transformer-XL, DeBERTa, TUPE) is one reader function plus one
 // row of that table, and one alternative of hf_encoding::config.
@@ -38,6 +42,7 @@
 #include "posenc/alibi.hpp"
 #include "posenc/error.hpp"
 #include "posenc/learned.hpp"
+#include "posenc/options.hpp"
 #include "posenc/rope.hpp"
 #include "posenc/t5.hpp"
 
@@ -108,6 +113,17 @@ template <class V>
 
 [[nodiscard]] inline bool one_of(std::string_view s, std::initializer_list<std::string_view> set) {
   return std::find(set.begin(), set.end(), s) != set.end();
+}
+
+/// head_dim, else hidden_size / num_attention_heads (HF's default in every decoder config class).
+[[nodiscard]] inline index_t head_dim(const json& cfg, std::string_view family) {
+  if (auto h = get<index_t>(cfg, {"head_dim"}); h) return *h;
+  const std::string what = std::string(family) + " (head_dim, or hidden_size / num_attention_heads)";
+  const auto hidden = need<index_t>(cfg, {"hidden_size", "n_embd", "d_model"}, what);
+  const auto heads = need<index_t>(cfg, {"num_attention_heads", "n_head", "n_heads"}, what);
+  require(heads > 0 && hidden % heads == 0, "hidden_size", "must be a multiple of num_attention_heads", hidden, " / ",
+          heads);
+  return hidden / heads;
 }
 
 /// The rope block: rope_parameters (transformers >= 4.56 / v5) or rope_scaling; null when absent.
@@ -189,16 +205,8 @@ inline constexpr std::string_view supported_rope_types = "default, linear, dynam
 
   if (auto h = get<index_t>(cfg, {"qk_rope_head_dim"}); h && detail::one_of(mt, {"deepseek_v2", "deepseek_v3"})) {
     r.head_dim = *h;  // MLA: only the decoupled rope part of each head rotates
-  } else if (auto h2 = get<index_t>(cfg, {"head_dim"}); h2) {
-    r.head_dim = *h2;
   } else {
-    const auto hidden = detail::need<index_t>(cfg, {"hidden_size", "n_embd", "d_model"},
-                                            "rope (head_dim, or hidden_size / num_attention_heads)");
-    const auto heads = detail::need<index_t>(cfg, {"num_attention_heads", "n_head", "n_heads"},
-                                           "rope (head_dim, or hidden_size / num_attention_heads)");
-    require(heads > 0 && hidden % heads == 0, "hidden_size", "must be a multiple of num_attention_heads", hidden, " / ",
-            heads);
-    r.head_dim = hidden / heads;
+    r.head_dim = detail::head_dim(cfg, "rope");
   }
   if (auto rd = get<index_t>(cfg, {"rotary_dim"}); rd && detail::one_of(mt, {"gptj", "codegen"})) r.rotary_dim = *rd;
   r.layout = detail::one_of(mt, {"gptj", "codegen"}) ? rope_layout::interleaved : rope_layout::half;
@@ -296,6 +304,117 @@ template <class W>
   if (auto h = detail::get<index_t>(cfg, {"num_heads"}); h)
     require(weight.dimension(1) == *h, "weight", "columns must equal num_heads", weight.dimension(1), " vs ", *h);
   return t5_relative_bias<W>(weight, t);
+}
+
+// ---- the attention of a decoder --------------------------------------------------------------------
+
+/// What a host needs from config.json besides the positional encoding to run a model's attention.
+struct model_attention_config {
+  std::string model_type;
+  index_t num_attention_heads = 0;
+  index_t num_key_value_heads = 0;  ///< = num_attention_heads when the config has none (MHA)
+  index_t head_dim = 0;             ///< head_dim, else hidden_size / num_attention_heads
+  index_t num_hidden_layers = 0;    ///< 0 when the config does not say
+  /// The sliding window W (0 = none): a query at p sees keys p - W + 1 .. p (HF's sliding-window
+  /// mask; attention_options::sliding_window).
+  index_t sliding_window = 0;
+  /// Per layer, whether it uses the window (Gemma 2/3, gpt-oss, Qwen2 alternate sliding and full
+  /// layers); empty = every layer does when sliding_window > 0 (Mistral).
+  std::vector<bool> sliding_layers{};
+  /// Gemma 2's attn_logit_softcapping (0 = none): attention_options::logit_softcap.
+  double attn_logit_softcapping = 0.0;
+  /// Gemma's query_pre_attn_scalar: the logit scale is query_pre_attn_scalar^-1/2, not head_dim^-1/2.
+  std::optional<double> query_pre_attn_scalar{};
+  /// Whether the attention has per-head sinks (gpt-oss: the `sinks` weight of each layer, [heads],
+  /// passed as attention_options::sinks).
+  bool has_sinks = false;
+
+  /// The window of layer `layer` (0 for a full-attention layer).
+  [[nodiscard]] index_t layer_window(index_t layer) const {
+    require(layer >= 0 && (num_hidden_layers == 0 || layer < num_hidden_layers), "layer",
+            "must be in [0, num_hidden_layers)", layer, " for ", num_hidden_layers, " layers");
+    if (sliding_window == 0) return 0;
+    if (sliding_layers.empty()) return sliding_window;
+    return sliding_layers[static_cast<std::size_t>(layer)] ? sliding_window : 0;
+  }
+  /// The logit scale the model uses, when it is not the encoding's (Gemma: query_pre_attn_scalar^-1/2).
+  [[nodiscard]] std::optional<double> scale() const {
+    if (!query_pre_attn_scalar) return std::nullopt;
+    return 1.0 / std::sqrt(*query_pre_attn_scalar);
+  }
+  /// attention_options of a causal decoder layer: window, softcap, scale (sinks, masks, positions and
+  /// the pool are the host's).
+  [[nodiscard]] attention_options options(index_t layer) const {
+    attention_options o;
+    o.causal = true;
+    o.sliding_window = layer_window(layer);
+    o.logit_softcap = attn_logit_softcapping;
+    o.scale = scale();
+    return o;
+  }
+};
+
+/// Reads model_attention_config from a config.json (a multimodal config's `text_config` when the
+/// top level has no num_attention_heads: Gemma 3). Which layers slide:
+///   layer_types (transformers >= 4.53: "sliding_attention" / "full_attention" per layer) when present;
+///   else Gemma 2: even layers (i % 2 == 0); Gemma 3: all but every sliding_window_pattern-th layer
+///   ((i + 1) % pattern != 0, default 6); Qwen2 / Qwen2-MoE / Qwen3: none unless use_sliding_window,
+///   then layers i >= max_window_layers; every other model: every layer (Mistral).
+[[nodiscard]] inline model_attention_config attention_config_from_hf(const nlohmann::json& top) {
+  using detail::get;
+  require(top.is_object(), "config", "must be a JSON object");
+  const detail::json* text = detail::find_key(top, {"text_config"});
+  const bool nested = text != nullptr && text->is_object() && !detail::find_key(top, {"num_attention_heads", "n_head"});
+  const detail::json& cfg = nested ? *text : top;
+
+  model_attention_config a;
+  a.model_type = detail::model_type(cfg);
+  if (a.model_type.empty()) a.model_type = detail::model_type(top);
+  const std::string mt = a.model_type;
+  a.num_attention_heads = detail::need<index_t>(cfg, {"num_attention_heads", "n_head", "n_heads"}, "attention");
+  require(a.num_attention_heads > 0, "num_attention_heads", "must be > 0", a.num_attention_heads);
+  a.num_key_value_heads = get<index_t>(cfg, {"num_key_value_heads", "n_head_kv", "num_kv_heads"}).value_or(a.num_attention_heads);
+  require(a.num_key_value_heads > 0 && a.num_attention_heads % a.num_key_value_heads == 0, "num_key_value_heads",
+          "must be > 0 and divide num_attention_heads", a.num_key_value_heads, " for ", a.num_attention_heads);
+  a.head_dim = detail::head_dim(cfg, "attention");
+  require(a.head_dim > 0, "head_dim", "must be > 0", a.head_dim);
+  a.num_hidden_layers = get<index_t>(cfg, {"num_hidden_layers", "n_layer", "num_layers"}).value_or(0);
+  require(a.num_hidden_layers >= 0, "num_hidden_layers", "must be >= 0", a.num_hidden_layers);
+
+  a.sliding_window = get<index_t>(cfg, {"sliding_window", "sliding_window_size"}).value_or(0);
+  require(a.sliding_window >= 0, "sliding_window", "must be >= 0 or null", a.sliding_window);
+  const bool qwen = detail::one_of(mt, {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"});
+  if (qwen && !get<bool>(cfg, {"use_sliding_window"}).value_or(false)) a.sliding_window = 0;
+  const index_t L = a.num_hidden_layers;
+  if (const detail::json* types = detail::find_key(cfg, {"layer_types"}); types) {
+    require(types->is_array(), "layer_types", "must be an array", types->dump());
+    require(L == 0 || static_cast<index_t>(types->size()) == L, "layer_types", "must have num_hidden_layers entries",
+            types->size(), " for ", L);
+    if (L == 0) a.num_hidden_layers = static_cast<index_t>(types->size());
+    for (const auto& t : *types) {
+      const std::string kind = detail::as<std::string>(t, "layer_types");
+      require(kind == "sliding_attention" || kind == "full_attention", "layer_types",
+              "entries must be sliding_attention or full_attention", kind);
+      a.sliding_layers.push_back(kind == "sliding_attention");
+    }
+  } else if (a.sliding_window > 0 && (mt == "gemma2" || detail::one_of(mt, {"gemma3", "gemma3_text"}) || qwen)) {
+    require(L > 0, "num_hidden_layers", "is needed to tell the sliding layers of model_type " + mt);
+    const index_t pattern = get<index_t>(cfg, {"sliding_window_pattern"}).value_or(6);
+    require(pattern > 0, "sliding_window_pattern", "must be > 0", pattern);
+    const index_t first_window_layer = qwen ? get<index_t>(cfg, {"max_window_layers"}).value_or(0) : 0;
+    for (index_t i = 0; i < L; ++i)
+      a.sliding_layers.push_back(mt == "gemma2" ? i % 2 == 0 : qwen ? i >= first_window_layer : (i + 1) % pattern != 0);
+  }
+
+  a.attn_logit_softcapping = get<double>(cfg, {"attn_logit_softcapping"}).value_or(0.0);
+  require(std::isfinite(a.attn_logit_softcapping) && a.attn_logit_softcapping >= 0.0, "attn_logit_softcapping",
+          "must be finite and >= 0, or null", a.attn_logit_softcapping);
+  a.query_pre_attn_scalar = get<double>(cfg, {"query_pre_attn_scalar"});
+  if (a.query_pre_attn_scalar)
+    require(*a.query_pre_attn_scalar > 0.0 && std::isfinite(*a.query_pre_attn_scalar), "query_pre_attn_scalar",
+            "must be finite and > 0", *a.query_pre_attn_scalar);
+  a.has_sinks = mt == "gpt_oss";
+  return a;
 }
 
 // ---- family dispatch -----------------------------------------------------------------------------

@@ -1,0 +1,533 @@
+// The decoder options of posenc/options.hpp (sliding_window, logit_softcap, sinks, attention_mask),
+// resolved in posenc/detail/mask.hpp and applied by the fused kernel's schedule, tile math and online
+// softmax: the kernel against the double reference attention (posenc/reference.hpp), which applies
+// each option by its plain per-element formula (FORMAT.md 5.11), in float and double, with 1 and 2
+// threads, GQA, awkward sizes and tiles, with and without an encoding.
+#include <catch2/catch.hpp>
+
+#include <posenc/alibi.hpp>
+#include <posenc/attention.hpp>
+#include <posenc/detail/online_softmax.hpp>
+#include <posenc/reference.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <unsupported/Eigen/CXX11/ThreadPool>
+
+using Index = posenc::index_t;
+
+namespace {
+
+constexpr double inf = std::numeric_limits<double>::infinity();
+
+enum class keys { ascending, shuffled };
+
+struct dcase {
+  Index B = 2, Sq = 37, Sk = 37, H = 4, Hkv = 2, D = 16, Dv = 12;
+  std::int64_t q_offset = 0;
+  std::int64_t k_offset = 0;  ///< first key position (shuffled keys only)
+  bool causal = true;
+  Index window = 0;
+  double softcap = 0;
+  std::vector<double> sinks{};
+  bool attention_mask = false, key_padding_mask = false;
+  keys key_order = keys::ascending;
+  Index q_block = 0, k_block = 0;
+  double input_scale = 1.0;
+  unsigned seed = 7;
+};
+
+std::string describe(const dcase& c) {
+  return "B=" + std::to_string(c.B) + " Sq=" + std::to_string(c.Sq) + " Sk=" + std::to_string(c.Sk) +
+         " H=" + std::to_string(c.H) + "/" + std::to_string(c.Hkv) + " q_offset=" + std::to_string(c.q_offset) +
+         " W=" + std::to_string(c.window) + " softcap=" + std::to_string(c.softcap) +
+         " sinks=" + std::to_string(c.sinks.size()) + " attention_mask=" + std::to_string(c.attention_mask) +
+         " key_padding_mask=" + std::to_string(c.key_padding_mask) +
+         (c.key_order == keys::shuffled ? " shuffled keys" : "") + " blocks=" + std::to_string(c.q_block) + "x" +
+         std::to_string(c.k_block);
+}
+
+struct problem {
+  dcase c;
+  std::vector<double> q, k, v;
+  std::vector<std::int64_t> am, kpm, q_pos, k_pos;
+
+  explicit problem(dcase cfg) : c(std::move(cfg)) {
+    std::mt19937 rng(c.seed);
+    std::normal_distribution<double> n(0.0, c.input_scale);
+    q.resize(static_cast<std::size_t>(c.B * c.Sq * c.H * c.D));
+    k.resize(static_cast<std::size_t>(c.B * c.Sk * c.Hkv * c.D));
+    v.resize(static_cast<std::size_t>(c.B * c.Sk * c.Hkv * c.Dv));
+    for (auto* x : {&q, &k, &v})
+      for (auto& e : *x) e = n(rng);
+    std::uniform_int_distribution<int> coin(0, 3);
+    if (c.attention_mask) {  // HF: 1 = token; left padding in row 1, holes elsewhere
+      am.assign(static_cast<std::size_t>(c.B * c.Sk), 1);
+      for (auto& a : am) a = coin(rng) == 0 ? 0 : 1;
+      if (c.B > 1) std::fill(am.begin() + c.Sk, am.begin() + c.Sk + std::min<Index>(c.Sk, 5), 0);
+    }
+    if (c.key_padding_mask) {  // nonzero = padding
+      kpm.assign(static_cast<std::size_t>(c.B * c.Sk), 0);
+      for (auto& a : kpm) a = coin(rng) == 0 ? 3 : 0;
+    }
+    if (c.key_order == keys::shuffled) {
+      q_pos.resize(static_cast<std::size_t>(c.B * c.Sq));
+      k_pos.resize(static_cast<std::size_t>(c.B * c.Sk));
+      for (Index b = 0; b < c.B; ++b) {
+        for (Index j = 0; j < c.Sk; ++j) k_pos[static_cast<std::size_t>(b * c.Sk + j)] = c.k_offset + j;
+        for (Index i = 0; i < c.Sq; ++i) q_pos[static_cast<std::size_t>(b * c.Sq + i)] = c.q_offset + i;
+        std::shuffle(k_pos.begin() + b * c.Sk, k_pos.begin() + (b + 1) * c.Sk, rng);
+      }
+    }
+  }
+
+  [[nodiscard]] posenc::attention_options options() const {
+    posenc::attention_options o;
+    o.causal = c.causal;
+    o.q_offset = c.q_offset;
+    o.sliding_window = c.window;
+    o.logit_softcap = c.softcap;
+    o.sinks = c.sinks;
+    o.q_block = c.q_block;
+    o.k_block = c.k_block;
+    if (!am.empty()) o.attention_mask = posenc::tensor_map<const std::int64_t, 2>(am.data(), c.B, c.Sk);
+    if (!kpm.empty()) o.key_padding_mask = posenc::tensor_map<const std::int64_t, 2>(kpm.data(), c.B, c.Sk);
+    if (!q_pos.empty()) {
+      o.q_positions = posenc::positions_view(q_pos.data(), c.B, c.Sq);
+      o.k_positions = posenc::positions_view(k_pos.data(), c.B, c.Sk);
+    }
+    return o;
+  }
+};
+
+struct result {
+  std::vector<double> out, lse;
+};
+
+template <class T, class E>
+result run_kernel(const problem& p, const E& enc, Eigen::ThreadPoolInterface* pool) {
+  const dcase& c = p.c;
+  const std::vector<T> q(p.q.begin(), p.q.end()), k(p.k.begin(), p.k.end()), v(p.v.begin(), p.v.end());
+  std::vector<T> out(static_cast<std::size_t>(c.B * c.Sq * c.H * c.Dv), T(123));
+  std::vector<T> lse(static_cast<std::size_t>(c.B * c.H * c.Sq), T(123));
+  auto opt = p.options();
+  opt.pool = pool;
+  posenc::attention<T>(posenc::bshd<const T>(q.data(), c.B, c.Sq, c.H, c.D),
+                       posenc::bshd<const T>(k.data(), c.B, c.Sk, c.Hkv, c.D),
+                       posenc::bshd<const T>(v.data(), c.B, c.Sk, c.Hkv, c.Dv),
+                       posenc::bshd<T>(out.data(), c.B, c.Sq, c.H, c.Dv),
+                       posenc::tensor_map<T, 3>(lse.data(), c.B, c.H, c.Sq), enc, opt);
+  return {std::vector<double>(out.begin(), out.end()), std::vector<double>(lse.begin(), lse.end())};
+}
+
+// The double reference on the inputs rounded to T (only the kernel's arithmetic differs).
+template <class T>
+result run_reference(const problem& p, const posenc::reference_terms<double>& terms) {
+  const dcase& c = p.c;
+  auto round = [](const std::vector<double>& x) {
+    std::vector<double> r(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) r[i] = static_cast<double>(static_cast<T>(x[i]));
+    return r;
+  };
+  const auto q = round(p.q), k = round(p.k), v = round(p.v);
+  result r;
+  r.out.assign(static_cast<std::size_t>(c.B * c.Sq * c.H * c.Dv), 0.0);
+  r.lse.assign(static_cast<std::size_t>(c.B * c.H * c.Sq), 0.0);
+  posenc::reference_attention<double>(posenc::bshd<const double>(q.data(), c.B, c.Sq, c.H, c.D),
+                                      posenc::bshd<const double>(k.data(), c.B, c.Sk, c.Hkv, c.D),
+                                      posenc::bshd<const double>(v.data(), c.B, c.Sk, c.Hkv, c.Dv),
+                                      posenc::bshd<double>(r.out.data(), c.B, c.Sq, c.H, c.Dv), p.options(), terms,
+                                      std::nullopt, posenc::tensor_map<double, 3>(r.lse.data(), c.B, c.H, c.Sq));
+  return r;
+}
+
+template <class T>
+void expect_close(const std::vector<double>& got, const std::vector<double>& want, const char* what) {
+  REQUIRE(got.size() == want.size());
+  double mag = 1.0;
+  for (double w : want)
+    if (std::isfinite(w)) mag = std::max(mag, std::abs(w));
+  const double tol = (std::is_same_v<T, float> ? 3e-5 : 1e-12) * mag;
+  double worst = 0;
+  std::size_t bad_special = got.size();
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const bool ok = std::isinf(want[i]) ? got[i] == want[i] : std::isfinite(got[i]);
+    if (!ok && bad_special == got.size()) bad_special = i;
+    if (std::isfinite(want[i]) && std::isfinite(got[i])) worst = std::max(worst, std::abs(got[i] - want[i]));
+  }
+  INFO(what << ": first mismatched infinity or NaN at " << bad_special << "; worst |error| " << worst
+            << " (tolerance " << tol << ")");
+  CHECK(bad_special == got.size());
+  CHECK(worst <= tol);
+}
+
+// Kernel (float and double, 1 and 2 threads) against the reference.
+template <class E = posenc::no_position>
+void check(const dcase& c, const E& enc = {}, const posenc::reference_terms<double>& terms = {}) {
+  INFO(describe(c));
+  const problem p(c);
+  Eigen::ThreadPool two(2);
+  const result want_d = run_reference<double>(p, terms), want_f = run_reference<float>(p, terms);
+  for (Eigen::ThreadPoolInterface* pool : {static_cast<Eigen::ThreadPoolInterface*>(nullptr),
+                                           static_cast<Eigen::ThreadPoolInterface*>(&two)}) {
+    INFO((pool != nullptr ? "2 threads" : "1 thread"));
+    {
+      INFO("double");
+      const result got = run_kernel<double>(p, enc, pool);
+      expect_close<double>(got.out, want_d.out, "out");
+      expect_close<double>(got.lse, want_d.lse, "lse");
+    }
+    {
+      INFO("float");
+      const result got = run_kernel<float>(p, enc, pool);
+      expect_close<float>(got.out, want_f.out, "out");
+      expect_close<float>(got.lse, want_f.lse, "lse");
+    }
+  }
+}
+
+// A score term inside the scale (the softcap must see it): scale * 0.75 sin(0.3 i + 0.7 j + h).
+double term_formula(Index h, Index i, Index j) {
+  return 0.75 * std::sin(0.3 * static_cast<double>(i) + 0.7 * static_cast<double>(j) + static_cast<double>(h));
+}
+struct wavy_terms {
+  template <class T>
+  void add_score_terms(const posenc::tile<T>& t, T scale, posenc::matrix_map<T> s) const {
+    for (Index i = 0; i < t.rows; ++i)
+      for (Index j = 0; j < t.cols; ++j)
+        s(i, j) += scale * static_cast<T>(term_formula(t.head, t.q_first + i, t.k_first + j));
+  }
+};
+
+// ALiBi's causal form written out for the reference: -m_h (q - k), m_h = 2^(-8 (h + 1) / H) (H = 4).
+posenc::reference_terms<double> alibi_reference(const problem& p) {
+  posenc::reference_terms<double> t;
+  t.bias = [&p](Index b, Index h, Index i, Index j) {
+    const double m = std::exp2(-8.0 * static_cast<double>(h + 1) / static_cast<double>(p.c.H));
+    const double qp = p.q_pos.empty() ? static_cast<double>(p.c.q_offset + i)
+                                      : static_cast<double>(p.q_pos[static_cast<std::size_t>(b * p.c.Sq + i)]);
+    const double kp = p.k_pos.empty() ? static_cast<double>(j)
+                                      : static_cast<double>(p.k_pos[static_cast<std::size_t>(b * p.c.Sk + j)]);
+    return -m * (qp - kp);
+  };
+  return t;
+}
+
+// Counts the tiles the kernel computes and those wholly before the window of their queries.
+struct tile_probe {
+  std::shared_ptr<std::atomic<long>> tiles = std::make_shared<std::atomic<long>>(0);
+  std::shared_ptr<std::atomic<long>> outside = std::make_shared<std::atomic<long>>(0);
+  std::int64_t window = 0;
+  template <class T>
+  void add_position_bias(const posenc::tile<T>& t, posenc::matrix_map<T>) const {
+    ++*tiles;
+    const std::int64_t q_min = *std::min_element(t.q_pos, t.q_pos + t.rows);
+    const std::int64_t k_max = *std::max_element(t.k_pos, t.k_pos + t.cols);
+    if (q_min - k_max >= window) ++*outside;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("sliding window: prefill, decode chunks, tiles and GQA against the reference", "[kernel]") {
+  for (Index W : {1, 3, 8, 17, 100}) {
+    dcase c;
+    c.window = W;
+    check(c);  // default tiles: one block
+    c.q_block = 5;
+    c.k_block = 7;  // many blocks, windows across block edges
+    check(c);
+    c.Sq = 9;
+    c.Sk = 61;
+    c.q_offset = 52;  // a chunk after 52 cached tokens
+    check(c);
+    c.Sq = 1;
+    c.q_offset = 60;  // a decode step
+    c.k_block = 4;
+    check(c);
+  }
+}
+
+TEST_CASE("sliding window: packed products with panels cut by the window, 300 tokens", "[kernel]") {
+  dcase c;
+  c.B = 1;
+  c.Sq = c.Sk = 300;
+  c.H = 8;
+  c.Hkv = 2;
+  c.D = 32;
+  c.Dv = 32;
+  c.q_block = 48;
+  c.k_block = 40;
+  for (Index W : {1, 33, 64, 129}) {
+    c.window = W;
+    check(c);
+  }
+  c.q_block = c.k_block = 0;
+  c.window = 77;
+  check(c);
+}
+
+TEST_CASE("sliding window: with padding (attention_mask and key_padding_mask) and unordered keys", "[kernel]") {
+  dcase c;
+  c.Sq = c.Sk = 45;
+  c.q_block = 8;
+  c.k_block = 6;
+  c.window = 9;
+  c.attention_mask = true;
+  check(c);
+  c.key_padding_mask = true;
+  check(c);
+  c.attention_mask = c.key_padding_mask = false;
+  c.key_order = keys::shuffled;  // not ascending: the per-element mask path
+  check(c);
+}
+
+TEST_CASE("sliding window: with ALiBi, and the window at the int64 extremes of positions", "[kernel]") {
+  dcase c;
+  c.Sq = c.Sk = 40;
+  c.q_block = 16;
+  c.k_block = 8;
+  c.window = 6;
+  {
+    const problem p(c);
+    check(c, posenc::alibi(posenc::alibi_config{.heads = 4}), alibi_reference(p));
+  }
+  // A window larger than any distance sees what causal sees; positions near INT64_MAX and a huge
+  // window do not overflow.
+  c.window = std::numeric_limits<Index>::max();
+  check(c);
+  c.q_offset = std::numeric_limits<std::int64_t>::max() - 40;
+  c.k_offset = c.q_offset - 3;
+  c.window = 3;
+  c.key_order = keys::shuffled;
+  check(c);
+  c.k_offset = std::numeric_limits<std::int64_t>::min();  // q - k beyond int64: never inside a window
+  check(c);
+}
+
+TEST_CASE("sliding window: key blocks before every query's window are never computed", "[kernel]") {
+  // The position bias hook (tile_probe) sees every computed tile: none may lie wholly before its
+  // queries' windows.
+  const Index L = 512, W = 64, block = 32;
+  dcase c;
+  c.B = 1;
+  c.H = c.Hkv = 1;
+  c.Sq = c.Sk = L;
+  c.window = W;
+  c.q_block = c.k_block = block;
+  const problem p(c);
+  tile_probe probe{.window = W};
+  const result got = run_kernel<double>(p, probe, nullptr);
+  CHECK(*probe.outside == 0);
+  // Query block r sees key blocks r - W / block .. r: at most W / block + 1 tiles, not r + 1.
+  const long blocks = L / block;
+  long bound = 0;
+  for (long r = 0; r < blocks; ++r) bound += std::min(r + 1, W / block + 1);
+  CHECK(*probe.tiles == bound);
+  const result want = run_reference<double>(p, {});
+  expect_close<double>(got.out, want.out, "out");
+}
+
+TEST_CASE("logit softcap: on q.k and score terms, before ALiBi's bias, large logits", "[kernel]") {
+  for (double cap : {5.0, 30.0}) {
+    dcase c;
+    c.softcap = cap;
+    c.input_scale = 2.5;  // q.k / sqrt(d) of ~25: the cap bends them
+    c.q_block = 8;
+    c.k_block = 16;
+    check(c);
+    c.causal = false;
+    check(c);
+    c.causal = true;
+    posenc::reference_terms<double> terms;
+    terms.score_term = [](Index, Index h, Index i, Index j) { return term_formula(h, i, j); };
+    check(c, wavy_terms{}, terms);
+    const problem p(c);
+    check(c, posenc::alibi(posenc::alibi_config{.heads = 4}), alibi_reference(p));
+  }
+}
+
+TEST_CASE("sinks: per-head logits in the denominator, lse includes them, rows without keys stay zero", "[kernel]") {
+  dcase c;
+  c.sinks = {-1.5, 0.0, 2.0, 40.0};  // the last one dominates every row
+  c.q_block = 8;
+  c.k_block = 8;
+  check(c);
+  c.causal = false;
+  check(c);
+  c.causal = true;
+  c.sinks = {-inf, 0.5, -inf, 3.0};  // -inf: a head without a sink
+  c.attention_mask = true;           // row 1 starts with padding: its first queries see no key
+  check(c);
+  c.window = 5;
+  c.softcap = 10.0;
+  c.input_scale = 2.0;
+  check(c);
+  const problem p(c);
+  check(c, posenc::alibi(posenc::alibi_config{.heads = 4}), alibi_reference(p));
+  // decode step, MQA
+  c.Sq = 1;
+  c.q_offset = 36;
+  c.Hkv = 1;
+  check(c);
+}
+
+TEST_CASE("sinks: a query that sees no key has zero output and lse -inf", "[kernel]") {
+  dcase c;
+  c.B = 1;
+  c.Sq = c.Sk = 6;
+  c.H = c.Hkv = 2;
+  c.sinks = {1.0, -2.0};
+  c.attention_mask = true;
+  problem p(c);
+  std::fill(p.am.begin(), p.am.end(), 0);
+  p.am[4] = 1;  // queries 0..3 see nothing, 4 and 5 see key 4
+  const result got = run_kernel<double>(p, posenc::no_position{}, nullptr);
+  for (Index h = 0; h < 2; ++h)
+    for (Index i = 0; i < 6; ++i) {
+      INFO("head " << h << " query " << i);
+      const double l = got.lse[static_cast<std::size_t>(h * 6 + i)];
+      if (i < 4) {
+        CHECK(l == -inf);
+        for (Index d = 0; d < c.Dv; ++d) CHECK(got.out[static_cast<std::size_t>((i * 2 + h) * c.Dv + d)] == 0.0);
+      } else {
+        // one key: lse = log(exp(s) + exp(sink)) and out = v_4 exp(s) / (exp(s) + exp(sink))
+        double s = 0;
+        for (Index d = 0; d < c.D; ++d)
+          s += p.q[static_cast<std::size_t>((i * 2 + h) * c.D + d)] * p.k[static_cast<std::size_t>((4 * 2 + h) * c.D + d)];
+        s /= std::sqrt(static_cast<double>(c.D));
+        const double sink = c.sinks[static_cast<std::size_t>(h)];
+        CHECK(l == Approx(std::log(std::exp(s) + std::exp(sink))).epsilon(1e-13));
+        const double w = std::exp(s) / (std::exp(s) + std::exp(sink));
+        for (Index d = 0; d < c.Dv; ++d)
+          CHECK(got.out[static_cast<std::size_t>((i * 2 + h) * c.Dv + d)] ==
+                Approx(w * p.v[static_cast<std::size_t>((4 * 2 + h) * c.Dv + d)]).margin(1e-14));
+      }
+    }
+}
+
+TEST_CASE("online_softmax::fold_sink after merging partial states equals the softmax with the sink", "[kernel]") {
+  // Two key halves stepped separately (a split-KV decode), merged, then the sink folded once.
+  const std::vector<double> s = {0.3, -1.2, 2.5, 0.7, -0.4, 1.9};
+  const double sink = 1.1;
+  Eigen::Matrix<double, 1, Eigen::Dynamic, Eigen::RowMajor> row(1, 6);
+  for (Index j = 0; j < 6; ++j) row(0, j) = s[static_cast<std::size_t>(j)];
+  posenc::detail::online_softmax<double> sm;
+  sm.reset(1);
+  posenc::matrix_map<double> a(row.data(), 1, 3, Eigen::OuterStride<>(6)), b(row.data() + 3, 1, 3, Eigen::OuterStride<>(6));
+  sm.step(a);
+  const double w_a = row(0, 0) + row(0, 1) + row(0, 2);  // weights relative to the first max
+  sm.step(b);
+  CHECK(sm.alpha(0) == 1.0);  // 2.5 stays the max
+  const double factor = sm.fold_sink(0, sink);
+  double z = std::exp(sink);
+  for (double x : s) z += std::exp(x);
+  CHECK(factor == 1.0);
+  CHECK(sm.lse(0) == Approx(std::log(z)).epsilon(1e-14));
+  CHECK(w_a / sm.l(0) == Approx((std::exp(0.3) + std::exp(-1.2) + std::exp(2.5)) / z).epsilon(1e-14));
+  // A sink above every score moves the max: the accumulators are rescaled by the returned factor.
+  posenc::detail::online_softmax<double> big;
+  big.reset(1);
+  for (Index j = 0; j < 6; ++j) row(0, j) = s[static_cast<std::size_t>(j)];
+  posenc::matrix_map<double> all(row.data(), 1, 6, Eigen::OuterStride<>(6));
+  big.step(all);
+  const double f = big.fold_sink(0, 10.0);
+  CHECK(f == Approx(std::exp(2.5 - 10.0)).epsilon(1e-14));
+  z += std::exp(10.0) - std::exp(sink);
+  CHECK(big.lse(0) == Approx(std::log(z)).epsilon(1e-14));
+  // A row without keys stays empty; a poisoned row stays NaN.
+  posenc::detail::online_softmax<double> empty;
+  empty.reset(2);
+  empty.l(1) = empty.m(1) = std::numeric_limits<double>::quiet_NaN();
+  CHECK(empty.fold_sink(0, 3.0) == 1.0);
+  CHECK(empty.lse(0) == -inf);
+  empty.fold_sink(1, 3.0);
+  CHECK(std::isnan(empty.lse(1)));
+}
+
+TEST_CASE("attention_mask: HF 1 = token, 0 = padding, alone or with key_padding_mask (union)", "[kernel]") {
+  dcase c;
+  c.causal = false;
+  c.q_block = 7;
+  c.k_block = 5;
+  c.attention_mask = true;
+  check(c);
+  c.key_padding_mask = true;
+  check(c);
+  c.causal = true;
+  check(c);
+  // The same masks as one key_padding_mask give the same result (bitwise: the same visible set).
+  const problem p(c);
+  problem q(c);
+  for (std::size_t j = 0; j < q.kpm.size(); ++j) q.kpm[j] = (p.kpm[j] != 0 || p.am[j] == 0) ? 1 : 0;
+  q.am.clear();
+  const result a = run_kernel<float>(p, posenc::no_position{}, nullptr);
+  const result b = run_kernel<float>(q, posenc::no_position{}, nullptr);
+  CHECK(a.out == b.out);
+  // And an all-ones attention_mask changes nothing.
+  dcase plain;
+  plain.attention_mask = true;
+  problem ones(plain), none(plain);
+  std::fill(ones.am.begin(), ones.am.end(), 1);
+  none.am.clear();
+  CHECK(run_kernel<double>(ones, posenc::no_position{}, nullptr).out ==
+        run_kernel<double>(none, posenc::no_position{}, nullptr).out);
+}
+
+TEST_CASE("decoder options: invalid values throw posenc::error before anything is written", "[kernel]") {
+  const Index B = 2, S = 5, H = 4, Hkv = 2, D = 8;
+  std::vector<double> q(B * S * H * D, 0.5), k(B * S * Hkv * D, 0.25), v(B * S * Hkv * D, 1.0);
+  std::vector<double> out(B * S * H * D, 7.0), lse(B * H * S, 7.0);
+  std::vector<std::int64_t> am(B * S, 1);
+  const std::vector<double> sinks3 = {0, 0, 0}, sinks_nan = {0, std::nan(""), 0, 0}, sinks_inf = {0, 0, inf, 0};
+  auto untouched = [&] {
+    CHECK(std::all_of(out.begin(), out.end(), [](double x) { return x == 7.0; }));
+    CHECK(std::all_of(lse.begin(), lse.end(), [](double x) { return x == 7.0; }));
+  };
+  auto both = [&](posenc::attention_options opt, const char* needle) {
+    CHECK_THROWS_WITH(posenc::attention<double>(posenc::bshd<const double>(q.data(), B, S, H, D),
+                                                posenc::bshd<const double>(k.data(), B, S, Hkv, D),
+                                                posenc::bshd<const double>(v.data(), B, S, Hkv, D),
+                                                posenc::bshd(out.data(), B, S, H, D),
+                                                posenc::tensor_map<double, 3>(lse.data(), B, H, S),
+                                                posenc::no_position{}, opt),
+                      Catch::Contains(needle));
+    untouched();
+    CHECK_THROWS_AS(posenc::reference_attention<double>(posenc::bshd<const double>(q.data(), B, S, H, D),
+                                                        posenc::bshd<const double>(k.data(), B, S, Hkv, D),
+                                                        posenc::bshd<const double>(v.data(), B, S, Hkv, D),
+                                                        posenc::bshd(out.data(), B, S, H, D), opt),
+                    posenc::error);
+    untouched();
+  };
+  SECTION("sliding_window < 0") { both({.causal = true, .sliding_window = -1}, "sliding_window: must be >= 0"); }
+  SECTION("sliding_window without causal") { both({.sliding_window = 4}, "sliding_window: requires causal"); }
+  SECTION("logit_softcap NaN") { both({.logit_softcap = std::nan("")}, "logit_softcap: must be 0 (off) or finite"); }
+  SECTION("logit_softcap < 0") { both({.logit_softcap = -30.0}, "logit_softcap"); }
+  SECTION("logit_softcap inf") { both({.logit_softcap = inf}, "logit_softcap"); }
+  SECTION("sinks of the wrong size") { both({.sinks = sinks3}, "sinks: must have one entry per query head"); }
+  SECTION("sinks NaN or +inf") {
+    both({.sinks = sinks_nan}, "sinks: entries must be finite or -inf");
+    both({.sinks = sinks_inf}, "sinks: entries must be finite or -inf");
+  }
+  SECTION("attention_mask values other than 0 and 1") {
+    am[7] = 2;
+    both({.attention_mask = posenc::tensor_map<const std::int64_t, 2>(am.data(), B, S)},
+         "attention_mask: entries must be 0 or 1");
+    am[7] = -1;
+    both({.attention_mask = posenc::tensor_map<const std::int64_t, 2>(am.data(), B, S)}, "attention_mask");
+  }
+  SECTION("attention_mask shape") {
+    both({.attention_mask = posenc::tensor_map<const std::int64_t, 2>(am.data(), B, S - 1)},
+         "attention_mask: must be [batch, k_len]");
+  }
+}
