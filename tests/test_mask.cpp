@@ -44,6 +44,7 @@ struct dcase {
   Index q_block = 0, k_block = 0;
   double input_scale = 1.0;
   unsigned seed = 7;
+  posenc::attention_path path = posenc::attention_path::automatic;
 };
 
 std::string describe(const dcase& c) {
@@ -99,6 +100,7 @@ struct problem {
     o.sinks = c.sinks;
     o.q_block = c.q_block;
     o.k_block = c.k_block;
+    o.path = c.path;
     if (!am.empty()) o.attention_mask = posenc::tensor_map<const std::int64_t, 2>(am.data(), c.B, c.Sk);
     if (!kpm.empty()) o.key_padding_mask = posenc::tensor_map<const std::int64_t, 2>(kpm.data(), c.B, c.Sk);
     if (!q_pos.empty()) {
@@ -177,18 +179,22 @@ void check(const dcase& c, const E& enc = {}, const posenc::reference_terms<doub
   const problem p(c);
   Eigen::ThreadPool two(2);
   const result want_d = run_reference<double>(p, terms), want_f = run_reference<float>(p, terms);
+  // both strategies: the tiled kernel and the decode one (detail/attention_decode.hpp)
+  for (const auto path : {posenc::attention_path::tiled, posenc::attention_path::decode})
   for (Eigen::ThreadPoolInterface* pool : {static_cast<Eigen::ThreadPoolInterface*>(nullptr),
                                            static_cast<Eigen::ThreadPoolInterface*>(&two)}) {
-    INFO((pool != nullptr ? "2 threads" : "1 thread"));
+    INFO((pool != nullptr ? "2 threads" : "1 thread") << (path == posenc::attention_path::decode ? " decode" : " tiled"));
+    problem pp = p;
+    pp.c.path = path;
     {
       INFO("double");
-      const result got = run_kernel<double>(p, enc, pool);
+      const result got = run_kernel<double>(pp, enc, pool);
       expect_close<double>(got.out, want_d.out, "out");
       expect_close<double>(got.lse, want_d.lse, "lse");
     }
     {
       INFO("float");
-      const result got = run_kernel<float>(p, enc, pool);
+      const result got = run_kernel<float>(pp, enc, pool);
       expect_close<float>(got.out, want_f.out, "out");
       expect_close<float>(got.lse, want_f.lse, "lse");
     }

@@ -212,7 +212,8 @@ void attention_impl(heads_view<const T> q, heads_view<const KV> k, heads_view<co
 
   if (decode) {
     decode_attention<T, KV, bound_type> kernel(q, k, v, out, lse ? lse->data() : nullptr, bound, masks,
-                                               static_cast<T>(scale));
+                                               static_cast<T>(scale), static_cast<T>(opt.logit_softcap),
+                                               std::vector<T>(opt.sinks.begin(), opt.sinks.end()));
     kernel.run(opt.pool);
     return;
   }

@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include <Eigen/Core>
@@ -68,9 +69,11 @@ class decode_attention {
   static constexpr bool transforms_queries = has_qk_transform<Bound, T>;
   static constexpr bool transforms_keys = has_key_transform<Bound, T>;
 
+  /// `softcap`: 0 = none; `sinks`: one logit per query head, or empty.
   decode_attention(heads_view<const T> q, heads_view<const KV> k, heads_view<const KV> v, heads_view<T> out, T* lse,
-                   const Bound& enc, const call_masks& masks, T scale)
-      : q_(q), k_(k), v_(v), out_(out), lse_(lse), enc_(enc), masks_(masks), scale_(scale), heads_(q.heads()),
+                   const Bound& enc, const call_masks& masks, T scale, T softcap, std::vector<T> sinks)
+      : q_(q), k_(k), v_(v), out_(out), lse_(lse), enc_(enc), masks_(masks), scale_(scale), softcap_(softcap),
+        sinks_(std::move(sinks)), heads_(q.heads()),
         kv_heads_(k.heads()), group_(q.heads() / k.heads()), q_len_(q.seq()), rows_(group_ * q.seq()),
         dim_(q.dim()), vdim_(v.dim()),
         segments_(masks.k_len == 0 ? 1 : (masks.k_len + decode_segment_keys - 1) / decode_segment_keys),
@@ -90,7 +93,9 @@ class decode_attention {
   void run(Eigen::ThreadPoolInterface* pool) {
     for_each_item<decode_scratch<T>>(pool, masks_.batch * kv_heads_ * segments_, [](decode_scratch<T>&) {},
                                      [&](index_t item, decode_scratch<T>& sc) { run_segment(item, sc); });
-    for (index_t bh = 0; bh < masks_.batch * kv_heads_; ++bh) merge_segments(bh / kv_heads_, bh % kv_heads_);
+    online_softmax<T> st;
+    Eigen::Matrix<T, 1, Eigen::Dynamic> o(vdim_);
+    for (index_t bh = 0; bh < masks_.batch * kv_heads_; ++bh) merge_segments(bh / kv_heads_, bh % kv_heads_, st, o);
   }
 
  private:
@@ -156,28 +161,36 @@ class decode_attention {
     matrix_map<T> s(grow(sc.scores, G * n), G, n, Eigen::OuterStride<>(n));
     row_dots(sc.q_scaled.data(), dim_, G, k.data(), k.outerStride(), n, dim_, s.data(), n);
 
+    // the order of attention_tile.hpp: score terms, softcap, position bias, masks
     const std::int64_t* k_pos = masks_.kp(b) + blk.first;
-    if constexpr (has_score_terms<Bound, T> || has_position_bias<Bound, T>) {
-      for (index_t g = 0; g < group_; ++g) {
-        const posenc::tile<T> t{.batch = b, .head = hk * group_ + g, .kv_head = hk, .q_first = 0,
-                                .k_first = blk.first, .rows = q_len_, .cols = n, .q_pos = masks_.qp(b),
-                                .k_pos = k_pos,
-                                .q = const_matrix_map<T>(sc.q_work.data() + g * q_len_ * dim_, q_len_, dim_,
-                                                         Eigen::OuterStride<>(dim_)),
-                                .k = k};
-        matrix_map<T> sg(s.data() + g * q_len_ * n, q_len_, n, Eigen::OuterStride<>(n));
-        if constexpr (has_score_terms<Bound, T>) enc_.add_score_terms(t, scale_, sg);
-        if constexpr (has_position_bias<Bound, T>) enc_.add_position_bias(t, sg);
-      }
-    }
+    if constexpr (has_score_terms<Bound, T>)
+      for_each_head(b, hk, blk, k, s, sc, [&](const posenc::tile<T>& t, matrix_map<T> sg) { enc_.add_score_terms(t, scale_, sg); });
+    if (softcap_ > T(0)) softcap_tile<T>(s, softcap_);
+    if constexpr (has_position_bias<Bound, T>)
+      for_each_head(b, hk, blk, k, s, sc, [&](const posenc::tile<T>& t, matrix_map<T> sg) { enc_.add_position_bias(t, sg); });
     if (!all_visible(b, blk))
       mask_tile<T>(s, sc.q_pos.data(), k_pos, masks_.kv(b) + blk.first, blk.valid != blk.cols, masks_.causal,
-                   blk.ascending);
+                   blk.ascending, masks_.window);
 
     online_softmax<T>& sm = sc.softmax;
     matrix_map<T> acc(sc.acc.data(), G, vdim_, Eigen::OuterStride<>(vdim_));
     if (sm.step(s)) acc = sm.alpha.asDiagonal() * acc;
     add_weighted(s.data(), n, G, v.data(), v.outerStride(), n, vdim_, acc.data(), vdim_);
+  }
+
+  /// f(tile, scores) for each query head of the group: the hooks see one head's rows of the scores.
+  template <class F>
+  void for_each_head(index_t b, index_t hk, const key_block& blk, const const_matrix_map<T>& k, matrix_map<T> s,
+                     const decode_scratch<T>& sc, F&& f) const {
+    const index_t n = blk.cols;
+    for (index_t g = 0; g < group_; ++g) {
+      const posenc::tile<T> t{.batch = b, .head = hk * group_ + g, .kv_head = hk, .q_first = 0, .k_first = blk.first,
+                              .rows = q_len_, .cols = n, .q_pos = masks_.qp(b), .k_pos = masks_.kp(b) + blk.first,
+                              .q = const_matrix_map<T>(sc.q_work.data() + g * q_len_ * dim_, q_len_, dim_,
+                                                       Eigen::OuterStride<>(dim_)),
+                              .k = k};
+      f(t, matrix_map<T>(s.data() + g * q_len_ * n, q_len_, n, Eigen::OuterStride<>(n)));
+    }
   }
 
   /// Whether the tiles read the cache rows in place: stored in T, not transformed, and read once (at most
@@ -226,7 +239,9 @@ class decode_attention {
   /// Whether some query of batch row b sees a key of the tile.
   [[nodiscard]] bool seen(index_t b, const key_block& blk) const {
     if (blk.valid == 0 || q_len_ == 0) return false;
-    return !masks_.causal || blk.pos_min <= q_max_[static_cast<std::size_t>(b)];
+    if (!masks_.causal) return true;
+    return blk.pos_min <= q_max_[static_cast<std::size_t>(b)] &&
+           !before_window(q_min_[static_cast<std::size_t>(b)], blk.pos_max, masks_.window);
   }
   [[nodiscard]] index_t first_seen_tile(index_t b, index_t from, index_t to) const {
     while (from < to && !seen(b, key_tile(b, from))) ++from;
@@ -234,47 +249,48 @@ class decode_attention {
   }
   /// Whether every query of batch row b sees every key of the tile (no mask to apply).
   [[nodiscard]] bool all_visible(index_t b, const key_block& blk) const {
-    return blk.valid == blk.cols && (!masks_.causal || blk.pos_max <= q_min_[static_cast<std::size_t>(b)]);
+    const auto i = static_cast<std::size_t>(b);
+    return blk.valid == blk.cols && (!masks_.causal || (blk.pos_max <= q_min_[i] &&
+                                                        causal_visible(q_max_[i], blk.pos_min, masks_.window)));
   }
 
   /// out and lse of one (batch, kv head) from its segments, in segment order:
-  ///   M = max_s m_s,  L = sum_s exp(m_s - M) l_s,  out = sum_s exp(m_s - M) O_s / L,  lse = M + log L.
-  void merge_segments(index_t b, index_t hk) {
+  ///   M = max_s m_s,  L = sum_s exp(m_s - M) l_s,  O = sum_s exp(m_s - M) O_s,
+  /// then the head's sink folded into (M, L) once (online_softmax::fold_sink), out = O / L and
+  /// lse = M + log L (online_softmax::finish_row and lse: zeros and -inf for a row that sees no key, NaN
+  /// for a poisoned one).
+  void merge_segments(index_t b, index_t hk, online_softmax<T>& st, Eigen::Matrix<T, 1, Eigen::Dynamic>& o) {
     constexpr T neg_inf = -std::numeric_limits<T>::infinity();
-    constexpr T nan = std::numeric_limits<T>::quiet_NaN();
     const index_t G = rows_;
     const index_t first_part = (b * kv_heads_ + hk) * segments_ * G;
+    st.reset(G);
     for (index_t r = 0; r < G; ++r) {
       const index_t g = r / q_len_, i = r % q_len_, head = hk * group_ + g;
-      Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>> dst(out_.row(b, i, head), vdim_);
-      T M = neg_inf;
+      T M = neg_inf, L = 0;
       bool poisoned = false;
       for (index_t s = 0; s < segments_; ++s) {
         const T m = part_m_(first_part + s * G + r);
         poisoned = poisoned || std::isnan(m);
         M = std::max(M, m);
       }
-      T lse = neg_inf;
+      o.setZero(vdim_);
       if (poisoned) {
-        dst.setConstant(nan);
-        lse = nan;
-      } else if (M == neg_inf) {
-        dst.setZero();  // the row sees no key
-      } else {
-        T L = 0;
-        dst.setZero();
+        M = L = std::numeric_limits<T>::quiet_NaN();
+      } else if (M != neg_inf) {
         for (index_t s = 0; s < segments_; ++s) {
           const index_t part = first_part + s * G + r;
           const T m = part_m_(part);
           if (m == neg_inf) continue;
           const T w = std::exp(m - M);
           L += w * part_l_(part);
-          dst += w * Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(part_acc_.data() + part * vdim_, vdim_);
+          o += w * Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(part_acc_.data() + part * vdim_, vdim_);
         }
-        dst *= T(1) / L;
-        lse = M + std::log(L);
       }
-      if (lse_ != nullptr) lse_[(b * heads_ + head) * q_len_ + i] = lse;
+      st.m(r) = M;
+      st.l(r) = L;
+      if (!sinks_.empty()) o *= st.fold_sink(r, sinks_[static_cast<std::size_t>(head)]);
+      st.finish_row(r, Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>(out_.row(b, i, head), vdim_), o);
+      if (lse_ != nullptr) lse_[(b * heads_ + head) * q_len_ + i] = st.lse(r);
     }
   }
 
@@ -290,7 +306,8 @@ class decode_attention {
   T* lse_;
   const Bound& enc_;
   const call_masks& masks_;
-  T scale_;
+  T scale_, softcap_;
+  std::vector<T> sinks_;
   index_t heads_, kv_heads_, group_, q_len_, rows_, dim_, vdim_, segments_;
   std::vector<key_block> tiles_;
   index_t tiles_per_row_;
