@@ -45,14 +45,14 @@ posenc_parity_must_fail(unknown_kind_is_named
                         ${CMAKE_CURRENT_SOURCE_DIR}/data/parity_selftest/selftest_unknown_kind.json
                         "unknown kind 'selftest_no_such_kind'")
 
-# A parameter the attention kind does not know is refused, never ignored; kv_dtype (FORMAT.md 5.11)
-# is refused by name until posenc-run runs half-precision K/V.
+# A parameter the attention kind does not know is refused, never ignored, and so is a kv_dtype that is
+# not one of FORMAT.md 5.11's storage types.
 posenc_parity_must_fail(attention_refuses_unknown_param
                         ${CMAKE_CURRENT_SOURCE_DIR}/data/parity_selftest/selftest_attention_unknown_param.json
                         "params.no_such_param: is not a parameter of kind attention")
-posenc_parity_must_fail(attention_refuses_kv_dtype
+posenc_parity_must_fail(attention_refuses_unknown_kv_dtype
                         ${CMAKE_CURRENT_SOURCE_DIR}/data/parity_selftest/selftest_attention_kv_dtype.json
-                        "params.kv_dtype: not supported by posenc-run's attention kind")
+                        "params.kv_dtype: must be f16 or bf16")
 
 # posenc-run must be able to fail: the same tensors as alibi_8_heads_causal_prefill with an
 # impossible tolerance on `out` (tests/data/parity_selftest/) must be reported and exit 1.

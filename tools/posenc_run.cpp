@@ -350,14 +350,25 @@ void attention_outputs(const run_env& env, results& r, const std::vector<T>& q, 
                        const std::vector<T>& k, const std::vector<std::int64_t>& ks, const std::vector<T>& v,
                        const std::vector<std::int64_t>& vs, const E& enc, posenc::attention_options opt,
                        const visibility& vis, double scale, Bias&& bias, const std::vector<T>* q_scores = nullptr,
-                       const std::vector<T>* k_scores = nullptr) {
+                       const std::vector<T>* k_scores = nullptr, std::string_view kv_dtype = {}) {
   const index_t B = qs[0], Sq = qs[1], H = qs[2], D = qs[3], Sk = ks[1], Hkv = ks[2], Dv = vs[3];
   std::vector<T> out(static_cast<std::size_t>(B * Sq * H * Dv));
   std::vector<T> lse(static_cast<std::size_t>(B * H * Sq));
   opt.pool = env.pool;
   opt.scale = scale;
-  posenc::attention<T>(view_bshd(q, qs), view_bshd(k, ks), view_bshd(v, vs), posenc::bshd(out.data(), B, Sq, H, Dv),
-                       posenc::tensor_map<T, 3>(lse.data(), B, H, Sq), enc, opt);
+  // FORMAT.md 5.11 kv_dtype: k and v stored in that type (q, out and the accumulation stay in T)
+  auto run_stored = [&](auto tag) {
+    using KV = decltype(tag);
+    const std::vector<KV> k_stored(k.begin(), k.end()), v_stored(v.begin(), v.end());
+    posenc::attention<T, KV>(view_bshd(q, qs), view_bshd(k_stored, ks), view_bshd(v_stored, vs),
+                             posenc::bshd(out.data(), B, Sq, H, Dv), posenc::tensor_map<T, 3>(lse.data(), B, H, Sq), enc,
+                             opt);
+  };
+  if (kv_dtype == "f16") run_stored(Eigen::half{});
+  else if (kv_dtype == "bf16") run_stored(Eigen::bfloat16{});
+  else
+    posenc::attention<T>(view_bshd(q, qs), view_bshd(k, ks), view_bshd(v, vs), posenc::bshd(out.data(), B, Sq, H, Dv),
+                         posenc::tensor_map<T, 3>(lse.data(), B, H, Sq), enc, opt);
   r.add_real<T>("out", {B, Sq, H, Dv}, out);
 
   std::vector<T> probs(static_cast<std::size_t>(B * H * Sq * Sk), T(0));
@@ -579,9 +590,12 @@ results run_transformer_xl(const run_env& env) {
 template <class T>
 results run_attention(const run_env& env) {
   const case_data& c = env.c;
-  c.only({"num_attention_heads", "num_key_value_heads", "causal", "q_offset", "scale", "sliding_window", "logit_softcap"},
-         {"q", "k", "v", "bias", "key_padding_mask", "sinks"},
-         {{"kv_dtype", "half-precision K/V storage is not implemented in posenc-run yet"}});
+  c.only({"num_attention_heads", "num_key_value_heads", "causal", "q_offset", "scale", "sliding_window", "logit_softcap",
+          "kv_dtype"},
+         {"q", "k", "v", "bias", "key_padding_mask", "sinks"});
+  const std::string kv_dtype = c.param<std::string>("kv_dtype", "");
+  posenc::require(kv_dtype.empty() || kv_dtype == "f16" || kv_dtype == "bf16", "params.kv_dtype", "must be f16 or bf16",
+                  kv_dtype);
   const auto qs = c.shape("q"), ks = c.shape("k"), vs = c.shape("v");
   const index_t B = qs[0], Sq = qs[1], H = qs[2], D = qs[3], Sk = ks[1];
   const double scale = c.param<double>("scale", 1.0 / std::sqrt(static_cast<double>(D)));
@@ -605,10 +619,11 @@ results run_attention(const run_env& env) {
   if (c.has_input("bias")) {
     const tensor_bias<T> enc(c.real<T>("bias"), c.shape("bias"), B, H, Sq, Sk);
     attention_outputs<T>(env, r, q, qs, k, ks, v, vs, enc, opt, vis, scale,
-                         [&](index_t b, index_t h, index_t i, index_t j) { return enc.at(b, h, i, j); });
+                         [&](index_t b, index_t h, index_t i, index_t j) { return enc.at(b, h, i, j); }, nullptr,
+                         nullptr, kv_dtype);
   } else {
     attention_outputs<T>(env, r, q, qs, k, ks, v, vs, posenc::no_position{}, opt, vis, scale,
-                         [](index_t, index_t, index_t, index_t) { return 0.0; });
+                         [](index_t, index_t, index_t, index_t) { return 0.0; }, nullptr, nullptr, kv_dtype);
   }
   return r;
 }
