@@ -54,13 +54,24 @@ def position_scores(d):
             ax.axis("on")
             cmap = plt.get_cmap("RdBu_r").copy()
             cmap.set_bad("lightgray")  # pairs a causal query does not see
-            ax.imshow(m, cmap=cmap, vmin=-lim, vmax=lim, interpolation="nearest")
+            ax.imshow(np.ma.masked_invalid(m), cmap=cmap, vmin=-lim, vmax=lim, interpolation="nearest")
             ax.set_title(f"{enc} h{h}", fontsize=8)
             ax.set_xticks([])
             ax.set_yticks([])
     fig.suptitle("position-only score S(i, j): rows = query i, columns = key j (0..63); red > 0 > blue;"
                  " gray: not visible (causal)")
     fig.tight_layout(rect=(0, 0, 1, 0.98))
+    return fig
+
+
+def finish(fig, ax, xlabel, ylabel, title):
+    """Labels, grid and legend of a one-panel figure."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
     return fig
 
 
@@ -76,13 +87,8 @@ def rope_decay(d):
         x, y = np.array(pts).T
         ax.plot(x, y, label=name, linewidth=1.2)
     ax.set_xscale("log")
-    ax.set_xlabel("relative distance t")
-    ax.set_ylabel("R(t)1 · R(0)1 / d")
-    ax.set_title("RoPE long-range decay (d = 128, frequencies of a 131072-token context)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    return fig
+    return finish(fig, ax, "relative distance t", "R(t)1 · R(0)1 / d",
+                  "RoPE long-range decay (d = 128, frequencies of a 131072-token context)")
 
 
 def alibi_slopes(d):
@@ -93,13 +99,7 @@ def alibi_slopes(d):
         x, y = np.array(pts).T
         ax.plot(x, y, marker="o", markersize=3, label=f"{H} heads")
     ax.set_yscale("log", base=2)
-    ax.set_xlabel("head")
-    ax.set_ylabel("slope m_h")
-    ax.set_title("ALiBi slopes (max_bias 8)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    return fig
+    return finish(fig, ax, "head", "slope m_h", "ALiBi slopes (max_bias 8)")
 
 
 def buckets(d):
