@@ -142,18 +142,18 @@ check_result check(zoo::kind kind, std::ofstream& map) {
     const auto opt = zoo::options(kind, enc, L, kDim);
     auto qf = to_float(q), kf = to_float(k);
     const auto vf = to_float(v);
-    if constexpr (posenc::input_encoding<E>) {
+    const auto call = [&](const auto& e) {
+      posenc::attention<float>(posenc::bshd<const float>(qf.data(), 1, L, kHeads, kDim),
+                               posenc::bshd<const float>(kf.data(), 1, L, kHeads, kDim),
+                               posenc::bshd<const float>(vf.data(), 1, L, kHeads, kDim),
+                               posenc::bshd(out.data(), 1, L, kHeads, kDim), e, opt);
+    };
+    if constexpr (posenc::input_encoding<E>) {  // x + PE, then attention without an encoding
       enc.add_to(posenc::tensor_map<float, 3>(qf.data(), 1, L, kModel), posenc::view(pos));
       enc.add_to(posenc::tensor_map<float, 3>(kf.data(), 1, L, kModel), posenc::view(pos));
-      posenc::attention<float>(posenc::bshd<const float>(qf.data(), 1, L, kHeads, kDim),
-                               posenc::bshd<const float>(kf.data(), 1, L, kHeads, kDim),
-                               posenc::bshd<const float>(vf.data(), 1, L, kHeads, kDim),
-                               posenc::bshd(out.data(), 1, L, kHeads, kDim), posenc::no_position{}, opt);
+      call(posenc::no_position{});
     } else {
-      posenc::attention<float>(posenc::bshd<const float>(qf.data(), 1, L, kHeads, kDim),
-                               posenc::bshd<const float>(kf.data(), 1, L, kHeads, kDim),
-                               posenc::bshd<const float>(vf.data(), 1, L, kHeads, kDim),
-                               posenc::bshd(out.data(), 1, L, kHeads, kDim), enc, opt);
+      call(enc);
     }
   });
 
