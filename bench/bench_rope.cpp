@@ -6,7 +6,7 @@
 // table when one is used; the triad a = b + s c moves 3 arrays of the same element count as x.
 // Counter `s_per_elem` is seconds per element of x (printed with SI prefixes: 180p = 0.18 ns).
 // Compare ratios from one run: apply bytes/s over triad bytes/s at the same S, and apply against
-// BM_rope_ggml_style (ggml's CPU rope algorithm, the comparison) at the same S (docs/rope.md).
+// BM_rope_ggml_style (ggml's CPU rope algorithm) at the same S (docs/rope.md).
 // RoPE's cost inside attention: BM_attention (separate rows with and without RoPE) and
 // BM_attention_rope_overhead (counter rope_over_none: median ratio of back-to-back call pairs).
 #include <benchmark/benchmark.h>

@@ -10,16 +10,29 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace bench_util {
 
+/// What a paired run measured.
+struct pair_result {
+  double ratio = 0;      ///< median of the per-pair ratios time(b) / time(a)
+  double seconds_a = 0;  ///< total time of the a() calls
+  double seconds_b = 0;  ///< total time of the b() calls
+  std::int64_t pairs = 0;
+};
+
+/// Which time a paired run reports as the iteration's (the benchmark is registered with UseManualTime).
+enum class pair_time { sum, b_only };
+
 /// Runs a() and b() once per iteration of `state`, alternating which goes first; reports their summed
-/// time as the iteration's (register the benchmark with UseManualTime) and returns the median of the
-/// per-pair ratios time(b) / time(a).
+/// time (or b's alone) as the iteration's and returns the median ratio and the totals.
 template <class A, class B>
-double median_pair_ratio(benchmark::State& state, A&& a, B&& b) {
+pair_result run_pairs(benchmark::State& state, A&& a, B&& b, pair_time report = pair_time::sum) {
   std::vector<double> ratios;
+  pair_result r;
   bool a_first = true;
   for (auto _ : state) {
     double t_a = 0, t_b = 0;
@@ -29,13 +42,23 @@ double median_pair_ratio(benchmark::State& state, A&& a, B&& b) {
       else b();
       (run_a ? t_a : t_b) = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
-    state.SetIterationTime(t_a + t_b);
+    state.SetIterationTime(report == pair_time::sum ? t_a + t_b : t_b);
     ratios.push_back(t_b / t_a);
+    r.seconds_a += t_a;
+    r.seconds_b += t_b;
     a_first = !a_first;
   }
-  if (ratios.empty()) return 0.0;
+  r.pairs = static_cast<std::int64_t>(ratios.size());
+  if (ratios.empty()) return r;
   std::nth_element(ratios.begin(), ratios.begin() + static_cast<std::ptrdiff_t>(ratios.size() / 2), ratios.end());
-  return ratios[ratios.size() / 2];
+  r.ratio = ratios[ratios.size() / 2];
+  return r;
+}
+
+/// run_pairs reporting the summed time; returns the median of time(b) / time(a).
+template <class A, class B>
+double median_pair_ratio(benchmark::State& state, A&& a, B&& b) {
+  return run_pairs(state, std::forward<A>(a), std::forward<B>(b)).ratio;
 }
 
 }  // namespace bench_util
