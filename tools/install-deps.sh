@@ -2,7 +2,8 @@
 # Install what posenc's build, tests and benchmarks need from Debian 12 packages; a no-op (and no
 # network) when everything is already there. Works as root or through sudo.
 set -euo pipefail
-pkgs=(cmake ninja-build g++ clang libeigen3-dev catch2 libbenchmark-dev nlohmann-json3-dev)
+# libopenmpi-dev + openmpi-bin: examples/ring_attention_mpi and its tests (label mpi).
+pkgs=(cmake ninja-build g++ clang libeigen3-dev catch2 libbenchmark-dev nlohmann-json3-dev libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
