@@ -35,6 +35,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -351,6 +352,9 @@ int main(int argc, char** argv) {
   if (s.seq % pieces != 0)
     usage(rank, "--seq: must be a multiple of " + std::to_string(pieces) + " (" + (s.zigzag ? "2 x " : "") +
                     "the rank count) (got " + std::to_string(s.seq) + ")");
+  // MPI counts are int: one rank's K/V share travels as one message of 2 * (L / P) * Hkv * d floats.
+  if (2 * (s.seq / ranks) * s.kv_heads * s.dim > std::numeric_limits<int>::max())
+    usage(rank, "--seq: a rank's K/V share exceeds one MPI message (2^31 - 1 floats); use more ranks");
   if (rank == 0)
     std::printf("ring attention: %d ranks x %d threads, L=%td (%s, %td-token chunks), H=%td/%td, d=%td, %s, %s\n",
                 ranks, s.threads, s.seq, s.zigzag ? "zigzag" : "contiguous", s.seq / pieces, s.heads, s.kv_heads, s.dim,
