@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Install what posenc's build, tests and benchmarks need from Debian 12 packages; a no-op (and no
 # network) when everything is already there. Works as root or through sudo.
+# libclang-rt-14-dev: clang's sanitizer and libFuzzer runtimes (the tsan and fuzz presets).
 set -euo pipefail
-pkgs=(cmake ninja-build g++ clang libeigen3-dev catch2 libbenchmark-dev nlohmann-json3-dev)
+pkgs=(cmake ninja-build g++ clang libclang-rt-14-dev libeigen3-dev catch2 libbenchmark-dev nlohmann-json3-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
