@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <initializer_list>
 #include <limits>
@@ -675,4 +676,16 @@ TEST_CASE("errors: config whose YaRN factor is 0 fails when the rope is built", 
 
 TEST_CASE("errors: config file that does not exist", "[errors]") {
   expect_error([] { (void)posenc::io::read_json("/nonexistent/posenc/config.json"); }, {"config:", "cannot open file"});
+}
+
+TEST_CASE("errors: safetensors path that is a directory", "[errors]") {
+  // A directory opens as a stream; its size used to be read as ~2^63 bytes (std::bad_alloc).
+  const auto dir = std::filesystem::temp_directory_path();
+  expect_error([&] { (void)posenc::io::read_safetensors(dir); }, {"safetensors:", "must be a file, not a directory"});
+}
+
+TEST_CASE("errors: config path that is a directory", "[errors]") {
+  // Reading it used to escape as std::ios_base::failure.
+  const auto dir = std::filesystem::temp_directory_path();
+  expect_error([&] { (void)posenc::io::read_json(dir); }, {"config:", "must be a file, not a directory"});
 }
