@@ -168,6 +168,18 @@ TEST_CASE("errors: attention out head_dim differs from v's", "[errors]") {
   CHECK(c.out.unchanged());
 }
 
+TEST_CASE("errors: attention with head_dim 0", "[errors]") {
+  // With an explicit scale this used to reach GEBP with depth 0 and die of SIGFPE (division by zero).
+  attention_call c;
+  posenc::attention_options opt;
+  opt.scale = 1.0;
+  expect_error([&] { posenc::attention<double>(posenc::bshd<const double>(c.q.data(), c.B, c.S, c.H, 0),
+                                               posenc::bshd<const double>(c.k.data(), c.B, c.S, c.Hkv, 0), c.vv(), c.ov(),
+                                               posenc::no_position{}, opt); },
+               {"q:", "head_dim must be > 0", "0"});
+  CHECK(c.out.unchanged());
+}
+
 TEST_CASE("errors: attention heads not a multiple of kv_heads", "[errors]") {
   attention_call c;
   c.Hkv = 3;
