@@ -172,6 +172,8 @@ void attention_impl(heads_view<const T> q, heads_view<const KV> k, heads_view<co
   static_assert(has_attention_hook<E, T>, "posenc::attention: the encoding has no hook for this scalar type");
   check_attention_shapes<T, KV>(q, k, v, out);
   const index_t B = q.batch(), H = q.heads(), Hkv = k.heads(), Sq = q.seq(), Sk = k.seq(), D = q.dim(), Dv = v.dim();
+  // A zero-length dot product has no meaning for an encoding, and GEBP divides by the depth.
+  require(D > 0, "q", "head_dim must be > 0", D);
   if (lse)
     require(lse->dimension(0) == B && lse->dimension(1) == H && lse->dimension(2) == Sq, "lse",
             "must be [batch, heads, q_len]", "[", lse->dimension(0), ", ", lse->dimension(1), ", ",

@@ -60,7 +60,8 @@ class heads_view {
 
   heads_view(T* data, index_t batch, index_t seq, index_t heads, index_t dim, layout order)
       : data_(data), batch_(batch), seq_(seq), heads_(heads), dim_(dim), order_(order) {
-    require(batch >= 0 && seq >= 0 && heads >= 0 && dim >= 0, "heads_view", "dimensions must be >= 0");
+    require(batch >= 0 && seq >= 0 && heads >= 0 && dim >= 0, "heads_view", "dimensions must be >= 0", "[batch ",
+            batch, ", seq ", seq, ", heads ", heads, ", head_dim ", dim, "]");
     require(data != nullptr || batch * seq * heads * dim == 0, "heads_view", "data must not be null");
   }
 

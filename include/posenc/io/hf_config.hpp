@@ -50,12 +50,16 @@ namespace posenc::io {
 
 /// Read a JSON file (config.json); posenc::error naming the path when it cannot be read or parsed.
 [[nodiscard]] inline nlohmann::json read_json(const std::filesystem::path& path) {
+  std::error_code ec;
+  require(!std::filesystem::is_directory(path, ec), "config", "must be a file, not a directory", path.string());
   std::ifstream f(path);
   require(static_cast<bool>(f), "config", "cannot open file", path.string());
   try {
     return nlohmann::json::parse(f);
   } catch (const nlohmann::json::exception& e) {
     throw error("posenc: config " + path.string() + ": not valid JSON: " + e.what());
+  } catch (const std::ios_base::failure& e) {  // the stream's own read error (e.g. EIO, EISDIR)
+    throw error("posenc: config " + path.string() + ": read error: " + e.what());
   }
 }
 

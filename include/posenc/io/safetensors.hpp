@@ -190,10 +190,14 @@ class safetensors_file {
  public:
   /// Read and validate a file (the whole file is read into memory).
   [[nodiscard]] static safetensors_file read(const std::filesystem::path& path) {
+    // A directory opens as a stream on Linux, and its "size" would be taken for gigabytes of data.
+    std::error_code ec;
+    require(!std::filesystem::is_directory(path, ec), "safetensors", "must be a file, not a directory", path.string());
     std::ifstream f(path, std::ios::binary);
     require(static_cast<bool>(f), "safetensors", "cannot open file", path.string());
     f.seekg(0, std::ios::end);
     const auto size = static_cast<std::streamoff>(f.tellg());
+    require(static_cast<bool>(f) && size >= 0, "safetensors", "cannot determine the file size", path.string());
     f.seekg(0, std::ios::beg);
     std::vector<unsigned char> bytes(static_cast<std::size_t>(size));
     if (size > 0) f.read(reinterpret_cast<char*>(bytes.data()), size);
