@@ -56,11 +56,16 @@ inline constexpr bool decode_supports = !has_value_terms<Bound, T>;
 template <class T>
 struct decode_scratch {
   using buffer = Eigen::Matrix<T, Eigen::Dynamic, 1>;
-  buffer q_work;    ///< the group's queries after the Q transform, unscaled (what hooks read)
-  buffer q_scaled;  ///< scale * queries: the left operand of row_dots
-  buffer k_work, v_work, scores, acc;
+  /// What one kv head's group keeps over a segment.
+  struct group_state {
+    buffer q_work;    ///< the group's queries after the Q transform, unscaled (what hooks read)
+    buffer q_scaled;  ///< scale * queries: the left operand of row_dots
+    buffer acc;       ///< O, [rows x value_dim]
+    online_softmax<T> softmax;
+  };
+  std::vector<group_state> groups;  ///< per kv head
+  buffer k_work, v_work, scores;
   std::vector<std::int64_t> q_pos;  ///< query positions, repeated for each head of the group
-  online_softmax<T> softmax;
 };
 
 template <class T, class KV, class Bound>
@@ -91,46 +96,56 @@ class decode_attention {
   }
 
   void run(Eigen::ThreadPoolInterface* pool) {
-    for_each_item<decode_scratch<T>>(pool, masks_.batch * kv_heads_ * segments_, [](decode_scratch<T>&) {},
-                                     [&](index_t item, decode_scratch<T>& sc) { run_segment(item, sc); });
+    for_each_item<decode_scratch<T>>(
+        pool, masks_.batch * segments_,
+        [&](decode_scratch<T>& sc) { sc.groups.resize(static_cast<std::size_t>(kv_heads_)); },
+        [&](index_t item, decode_scratch<T>& sc) { run_segment(item / segments_, item % segments_, sc); });
     online_softmax<T> st;
     Eigen::Matrix<T, 1, Eigen::Dynamic> o(vdim_);
     for (index_t bh = 0; bh < masks_.batch * kv_heads_; ++bh) merge_segments(bh / kv_heads_, bh % kv_heads_, st, o);
   }
 
  private:
-  /// One (batch, kv head, segment): the group's queries over the segment's key tiles.
-  void run_segment(index_t item, decode_scratch<T>& sc) {
-    const index_t seg = item % segments_, bh = item / segments_;
-    const index_t b = bh / kv_heads_, hk = bh % kv_heads_;
+  /// One (batch, segment) for every kv head: tile by tile, each tile's rows for all kv heads in turn.
+  /// In BSHD a token's keys of all kv heads are one contiguous row (kv_heads x d), so the item reads
+  /// the cache in address order: measured at Lk = 4096, 8 kv heads, d = 128, reading K and V head by
+  /// head (rows 4 KiB apart) ran at 16.7 GB/s, in address order at 27 GB/s.
+  void run_segment(index_t b, index_t seg, decode_scratch<T>& sc) {
     const index_t G = rows_;
-    prepare_queries(b, hk, sc);
-    T* acc = grow(sc.acc, G * vdim_);
-    std::fill(acc, acc + G * vdim_, T(0));
-    online_softmax<T>& sm = sc.softmax;
-    sm.reset(G);
-
+    for (index_t hk = 0; hk < kv_heads_; ++hk) {
+      auto& gs = sc.groups[static_cast<std::size_t>(hk)];
+      prepare_queries(b, hk, gs, sc);
+      T* acc = grow(gs.acc, G * vdim_);
+      std::fill(acc, acc + G * vdim_, T(0));
+      gs.softmax.reset(G);
+    }
     const index_t t0 = seg * decode_segment_keys / decode_tile_keys;
     const index_t t1 = std::min(tiles_per_row_, (seg + 1) * decode_segment_keys / decode_tile_keys);
     index_t next = first_seen_tile(b, t0, t1);
     while (next < t1) {
       const index_t ti = next;
       next = first_seen_tile(b, ti + 1, t1);
-      step(b, hk, key_tile(b, ti), next < t1 ? &key_tile(b, next) : nullptr, sc);
+      for (index_t hk = 0; hk < kv_heads_; ++hk)
+        step(b, hk, key_tile(b, ti), next < t1 ? &key_tile(b, next) : nullptr, sc.groups[static_cast<std::size_t>(hk)],
+             sc);
     }
-    const index_t part = item * G;
-    std::copy(acc, acc + G * vdim_, part_acc_.data() + part * vdim_);
-    for (index_t r = 0; r < G; ++r) {
-      part_m_(part + r) = sm.m(r);
-      part_l_(part + r) = sm.l(r);
+    for (index_t hk = 0; hk < kv_heads_; ++hk) {
+      const auto& gs = sc.groups[static_cast<std::size_t>(hk)];
+      const index_t part = ((b * kv_heads_ + hk) * segments_ + seg) * G;
+      std::copy(gs.acc.data(), gs.acc.data() + G * vdim_, part_acc_.data() + part * vdim_);
+      for (index_t r = 0; r < G; ++r) {
+        part_m_(part + r) = gs.softmax.m(r);
+        part_l_(part + r) = gs.softmax.l(r);
+      }
     }
   }
 
   /// The group's query rows (row g * q_len + i: head hk * group + g, query i), transformed once, and
   /// scaled for row_dots.
-  void prepare_queries(index_t b, index_t hk, decode_scratch<T>& sc) const {
+  void prepare_queries(index_t b, index_t hk, typename decode_scratch<T>::group_state& gs,
+                       decode_scratch<T>& sc) const {
     const index_t G = rows_;
-    T* qw = grow(sc.q_work, G * dim_);
+    T* qw = grow(gs.q_work, G * dim_);
     sc.q_pos.resize(static_cast<std::size_t>(G));
     const std::span<const std::int64_t> pos(masks_.qp(b), static_cast<std::size_t>(q_len_));
     for (index_t g = 0; g < group_; ++g) {
@@ -148,32 +163,33 @@ class decode_attention {
       }
       std::copy(pos.begin(), pos.end(), sc.q_pos.begin() + g * q_len_);
     }
-    T* qs = grow(sc.q_scaled, G * dim_);
+    T* qs = grow(gs.q_scaled, G * dim_);
     for (index_t i = 0; i < G * dim_; ++i) qs[i] = qw[i] * scale_;
   }
 
   /// One tile of keys for the group: scores, hooks, masks, softmax step, weighted values. `next` is the
   /// tile after it (null for none), whose rows are prefetched while this one's are staged.
-  void step(index_t b, index_t hk, const key_block& blk, const key_block* next, decode_scratch<T>& sc) const {
+  void step(index_t b, index_t hk, const key_block& blk, const key_block* next,
+            typename decode_scratch<T>::group_state& gs, decode_scratch<T>& sc) const {
     const index_t G = rows_, n = blk.cols;
     const const_matrix_map<T> k = keys(b, hk, blk, next, sc);
     const const_matrix_map<T> v = values(b, hk, blk, next, sc);
     matrix_map<T> s(grow(sc.scores, G * n), G, n, Eigen::OuterStride<>(n));
-    row_dots(sc.q_scaled.data(), dim_, G, k.data(), k.outerStride(), n, dim_, s.data(), n);
+    row_dots(gs.q_scaled.data(), dim_, G, k.data(), k.outerStride(), n, dim_, s.data(), n);
 
     // the order of attention_tile.hpp: score terms, softcap, position bias, masks
     const std::int64_t* k_pos = masks_.kp(b) + blk.first;
     if constexpr (has_score_terms<Bound, T>)
-      for_each_head(b, hk, blk, k, s, sc, [&](const posenc::tile<T>& t, matrix_map<T> sg) { enc_.add_score_terms(t, scale_, sg); });
+      for_each_head(b, hk, blk, k, s, gs, [&](const posenc::tile<T>& t, matrix_map<T> sg) { enc_.add_score_terms(t, scale_, sg); });
     if (softcap_ > T(0)) softcap_tile<T>(s, softcap_);
     if constexpr (has_position_bias<Bound, T>)
-      for_each_head(b, hk, blk, k, s, sc, [&](const posenc::tile<T>& t, matrix_map<T> sg) { enc_.add_position_bias(t, sg); });
+      for_each_head(b, hk, blk, k, s, gs, [&](const posenc::tile<T>& t, matrix_map<T> sg) { enc_.add_position_bias(t, sg); });
     if (!all_visible(b, blk))
       mask_tile<T>(s, sc.q_pos.data(), k_pos, masks_.kv(b) + blk.first, blk.valid != blk.cols, masks_.causal,
                    blk.ascending, masks_.window);
 
-    online_softmax<T>& sm = sc.softmax;
-    matrix_map<T> acc(sc.acc.data(), G, vdim_, Eigen::OuterStride<>(vdim_));
+    online_softmax<T>& sm = gs.softmax;
+    matrix_map<T> acc(gs.acc.data(), G, vdim_, Eigen::OuterStride<>(vdim_));
     if (sm.step(s)) acc = sm.alpha.asDiagonal() * acc;
     add_weighted(s.data(), n, G, v.data(), v.outerStride(), n, vdim_, acc.data(), vdim_);
   }
@@ -181,12 +197,12 @@ class decode_attention {
   /// f(tile, scores) for each query head of the group: the hooks see one head's rows of the scores.
   template <class F>
   void for_each_head(index_t b, index_t hk, const key_block& blk, const const_matrix_map<T>& k, matrix_map<T> s,
-                     const decode_scratch<T>& sc, F&& f) const {
+                     const typename decode_scratch<T>::group_state& gs, F&& f) const {
     const index_t n = blk.cols;
     for (index_t g = 0; g < group_; ++g) {
       const posenc::tile<T> t{.batch = b, .head = hk * group_ + g, .kv_head = hk, .q_first = 0, .k_first = blk.first,
                               .rows = q_len_, .cols = n, .q_pos = masks_.qp(b), .k_pos = masks_.kp(b) + blk.first,
-                              .q = const_matrix_map<T>(sc.q_work.data() + g * q_len_ * dim_, q_len_, dim_,
+                              .q = const_matrix_map<T>(gs.q_work.data() + g * q_len_ * dim_, q_len_, dim_,
                                                        Eigen::OuterStride<>(dim_)),
                               .k = k};
       f(t, matrix_map<T>(s.data() + g * q_len_ * n, q_len_, n, Eigen::OuterStride<>(n)));
