@@ -209,43 +209,44 @@ class decode_attention {
     }
   }
 
-  /// Whether the tiles read the cache rows in place: stored in T, not transformed, and read once (at most
-  /// 4 rows per kv head: decode_kernels.hpp). Otherwise a tile is staged contiguous first (copied,
-  /// widened, transformed): rows 2-4 KiB apart share L1 sets and would evict each other between the
-  /// passes of several 4-row blocks.
-  static constexpr bool can_read_in_place = std::is_same_v<KV, T> && !transforms_keys;
-  [[nodiscard]] bool in_place() const { return can_read_in_place && rows_ <= 4; }
+  /// Whether a tile reads the cache rows in place: stored in T and read once (at most 4 rows per kv
+  /// head: decode_kernels.hpp); keys also only when the encoding does not rotate them. Otherwise a tile
+  /// is staged contiguous first (copied or widened): rows 2-4 KiB apart share L1 sets and would evict
+  /// each other between the passes of several 4-row blocks.
+  [[nodiscard]] bool values_in_place() const { return std::is_same_v<KV, T> && rows_ <= 4; }
+  [[nodiscard]] bool keys_in_place() const { return values_in_place() && !transforms_keys; }
 
-  /// The tile's keys as T rows: the cache's rows in place, or staged (copied or widened) and transformed
-  /// when the encoding rotates keys. The next tile's rows are prefetched.
-  const_matrix_map<T> keys(index_t b, index_t hk, const key_block& blk, const key_block* next,
-                           decode_scratch<T>& sc) const {
-    if (in_place()) {
-      if (next != nullptr) prefetch_rows(k_.matrix(b, hk, next->first, next->cols), false);
-      if constexpr (can_read_in_place) return k_.matrix(b, hk, blk.first, blk.cols);
+  /// Rows of a tile of K or V (x, `dim` wide) as T rows: the cache's rows in place, or staged into
+  /// `buffer`. The next tile's rows are prefetched.
+  template <class Buffer>
+  const_matrix_map<T> cache_rows(const heads_view<const KV>& x, index_t dim, bool in_place, index_t b, index_t hk,
+                                 const key_block& blk, const key_block* next, Buffer& buffer) const {
+    if constexpr (std::is_same_v<KV, T>) {
+      if (in_place) {
+        if (next != nullptr) prefetch_rows(x.matrix(b, hk, next->first, next->cols), false);
+        return x.matrix(b, hk, blk.first, blk.cols);
+      }
     }
-    T* dst = grow(sc.k_work, blk.cols * dim_);
-    stage_rows(k_.row(b, blk.first, hk), k_.token_stride(), blk.cols, dim_, dst,
-               next != nullptr ? k_.row(b, next->first, hk) : nullptr, next != nullptr ? next->cols : 0);
-    matrix_map<T> k(dst, blk.cols, dim_, Eigen::OuterStride<>(dim_));
-    if constexpr (transforms_keys)
-      enc_.transform_qk(qk_role::key, hk, std::span<const std::int64_t>(masks_.kp(b) + blk.first,
-                                                                        static_cast<std::size_t>(blk.cols)),
-                        k);
-    return const_matrix_map<T>(dst, blk.cols, dim_, Eigen::OuterStride<>(dim_));
+    T* dst = grow(buffer, blk.cols * dim);
+    stage_rows(x.row(b, blk.first, hk), x.token_stride(), blk.cols, dim, dst,
+               next != nullptr ? x.row(b, next->first, hk) : nullptr, next != nullptr ? next->cols : 0);
+    return const_matrix_map<T>(dst, blk.cols, dim, Eigen::OuterStride<>(dim));
   }
 
-  /// The tile's values as T rows, in place or staged like the keys.
+  /// The tile's keys as T rows (cache_rows), rotated in the staging buffer when the encoding rotates keys.
+  const_matrix_map<T> keys(index_t b, index_t hk, const key_block& blk, const key_block* next,
+                           decode_scratch<T>& sc) const {
+    const const_matrix_map<T> k = cache_rows(k_, dim_, keys_in_place(), b, hk, blk, next, sc.k_work);
+    if constexpr (transforms_keys)  // never in place: k is the staging buffer
+      enc_.transform_qk(qk_role::key, hk,
+                        std::span<const std::int64_t>(masks_.kp(b) + blk.first, static_cast<std::size_t>(blk.cols)),
+                        matrix_map<T>(sc.k_work.data(), blk.cols, dim_, Eigen::OuterStride<>(dim_)));
+    return k;
+  }
+
   const_matrix_map<T> values(index_t b, index_t hk, const key_block& blk, const key_block* next,
                              decode_scratch<T>& sc) const {
-    if (in_place()) {
-      if (next != nullptr) prefetch_rows(v_.matrix(b, hk, next->first, next->cols), false);
-      if constexpr (can_read_in_place) return v_.matrix(b, hk, blk.first, blk.cols);
-    }
-    T* dst = grow(sc.v_work, blk.cols * vdim_);
-    stage_rows(v_.row(b, blk.first, hk), v_.token_stride(), blk.cols, vdim_, dst,
-               next != nullptr ? v_.row(b, next->first, hk) : nullptr, next != nullptr ? next->cols : 0);
-    return const_matrix_map<T>(dst, blk.cols, vdim_, Eigen::OuterStride<>(vdim_));
+    return cache_rows(v_, vdim_, values_in_place(), b, hk, blk, next, sc.v_work);
   }
 
   [[nodiscard]] const key_block& key_tile(index_t b, index_t ti) const {
