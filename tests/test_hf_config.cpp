@@ -463,3 +463,15 @@ TEST_CASE("hf_config: attention of Llama-3.1-8B (no window) and Qwen2 (use_slidi
                         json::parse(R"({"num_attention_heads": 4, "head_dim": 64, "attn_logit_softcapping": -50})")),
                     Catch::Contains("attn_logit_softcapping"));
 }
+
+// Found by the config.json fuzzer: a whole number written as a float beyond the integer range was
+// converted to an integer (undefined behaviour) instead of being rejected.
+TEST_CASE("hf_config: a whole-number float beyond the integer range is an error naming the key", "[io][hf_config][errors]") {
+  const auto cfg = nlohmann::json::parse(
+      R"({"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32, "max_position_embeddings": 2.44444e58})");
+  CHECK_THROWS_WITH(posenc::io::rope_config_from_hf(cfg),
+                    Catch::Contains("max_position_embeddings") && Catch::Contains("out of the integer range"));
+  const auto ok = nlohmann::json::parse(
+      R"({"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32, "max_position_embeddings": 4096.0})");
+  CHECK(posenc::io::rope_config_from_hf(ok).max_position_embeddings == 4096);
+}

@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -86,7 +87,14 @@ template <class V>
                                                    : v.is_number();
   require(ok, key, "has the wrong JSON type", v.dump());
   if constexpr (std::is_integral_v<V> && !std::is_same_v<V, bool>) {
-    if (v.is_number_float()) return static_cast<V>(v.get<double>());
+    if (v.is_number_float()) {
+      // a whole number written as a float (4096.0): in V's range, or the conversion would be undefined
+      const double d = v.get<double>();
+      require(d >= static_cast<double>(std::numeric_limits<V>::min()) &&
+                  d < std::ldexp(1.0, std::numeric_limits<V>::digits),
+              key, "is out of the integer range", v.dump());
+      return static_cast<V>(d);
+    }
   }
   return v.get<V>();
 }
