@@ -1498,8 +1498,9 @@ std::vector<config> with_path(std::vector<config> cs, posenc::attention_path pat
 }
 
 // Decode shapes: a few query rows per kv head against caches that span several split-KV segments
-// (1024 keys) and tiles (64 keys), with every mask and position option, head dims that are not a
-// whole number of packets, and value dims unlike the key dims.
+// (1024 keys) and tiles (32 keys), with every mask and position option, head dims that are not a
+// whole number of packets, value dims unlike the key dims, and groups of 1 to 16 rows per kv head
+// (whole 4-row blocks and every remainder).
 std::vector<config> decode_configs() {
   std::vector<config> out;
   auto add = [&](Index sq, Index sk, Index h, Index hkv, Index d, Index dv, layout order, bool causal, padding pad,
@@ -1517,6 +1518,9 @@ std::vector<config> decode_configs() {
   add(16, 700, 1, 1, 128, 64, layout::bshd, true, padding::none, offset::q_offset);
   add(1, 63, 32, 8, 128, 128, layout::bshd, true, padding::none, offset::q_offset);
   add(1, 0, 4, 2, 8, 8, layout::bshd, false, padding::none, offset::none);
+  add(1, 1700, 3, 1, 48, 48, layout::bshd, true, padding::none, offset::q_offset);
+  add(7, 1200, 2, 2, 24, 40, layout::bhsd, true, padding::mask, offset::q_offset);
+  add(1, 900, 2, 2, 128, 128, layout::bshd, true, padding::none, offset::q_offset);
   return out;
 }
 
@@ -1687,5 +1691,8 @@ TEST_CASE("attention: K/V in half precision with a Q/K transform and a bias (bot
     const problem ph = rounded_kv<float, Eigen::half>(c);
     const result want = run_reference<double>(ph, {}, rotate_reference(ph));
     expect_close<float>(got.out, want.out, "out");
+    // score terms read the keys as float rows: a half cache is widened for them
+    const relative_terms rel(3, c.D, 7);
+    check_kv<float, Eigen::half>(c, rel, relative_reference(ph, rel));
   }
 }

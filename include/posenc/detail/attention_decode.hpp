@@ -9,9 +9,11 @@
 //                  decode_segment_keys, and each (batch, kv head, segment) is a work item (split-KV,
 //                  Flash-Decoding). Segments depend only on k_len, never on the thread count, and
 //                  the partial results are merged in segment order: bitwise the same for any pool.
-//   operand supply the caller's key and value rows as they are (f32 cache), or widened a tile at a
-//                  time (f16 / bf16 cache, detail/kv_storage.hpp), or transformed a tile at a time (an
-//                  encoding that rotates keys); the next tile's rows are prefetched.
+//   operand supply the caller's key and value rows in place, f16 / bf16 widened inside the products'
+//                  loads (decode_kernels.hpp kv_packets); staged a tile at a time only for an encoding
+//                  that rotates keys or an ISA without in-register widening. No software prefetch:
+//                  the hardware prefetchers follow the tile order, and prefetching the next tile
+//                  measured slower (f32, 1 row: 1.65 -> 2.0 ms).
 //   tile math      S = scale Q K^T (row_dots), the encoding's score terms and bias per query head,
 //                  masks, online softmax, O += P V (add_weighted); per segment (O, m, l) are kept and
 //                  merged exactly at the end (the log-sum-exp merge of attention.hpp's merge).
@@ -32,7 +34,6 @@
 #include "posenc/detail/kv_storage.hpp"
 #include "posenc/detail/mask.hpp"
 #include "posenc/detail/online_softmax.hpp"
-#include "posenc/detail/prefetch.hpp"
 #include "posenc/detail/thread.hpp"
 #include "posenc/encoding.hpp"
 
@@ -45,9 +46,10 @@ inline constexpr index_t decode_max_rows = 16;
 /// number of threads; 1024 keys give 2 threads 8+ items per kv head at Lk = 4096 while the merge
 /// costs one [G x dv] pass per segment (docs/performance.md › Decode).
 inline constexpr index_t decode_segment_keys = 1024;
-/// Keys per tile: a tile's widened K and V (64 x 128 floats each, 32 KiB) stay in L1/L2 for the
-/// products that reread them.
-inline constexpr index_t decode_tile_keys = 64;
+/// Keys per tile. Measured (f32 cache, 1 row, GQA 32/8, d = 128, Lk = 4096, one core): 16 keys 1.64 ms,
+/// 32 keys 1.54 ms, 64 keys 6.3 ms: a tile's key rows of one kv head are 2-4 KiB apart (BSHD) and
+/// share L1 sets, and 64 of them evict the queries and scores the tile keeps rereading.
+inline constexpr index_t decode_tile_keys = 32;
 
 /// Whether the decode strategy can run the encoding (value terms need the tiled path's buckets).
 template <class Bound, class T>
@@ -121,14 +123,8 @@ class decode_attention {
     }
     const index_t t0 = seg * decode_segment_keys / decode_tile_keys;
     const index_t t1 = std::min(tiles_per_row_, (seg + 1) * decode_segment_keys / decode_tile_keys);
-    index_t next = first_seen_tile(b, t0, t1);
-    while (next < t1) {
-      const index_t ti = next;
-      next = first_seen_tile(b, ti + 1, t1);
-      for (index_t hk = 0; hk < kv_heads_; ++hk)
-        step(b, hk, key_tile(b, ti), next < t1 ? &key_tile(b, next) : nullptr, sc.groups[static_cast<std::size_t>(hk)],
-             sc);
-    }
+    for (index_t ti = first_seen_tile(b, t0, t1); ti < t1; ti = first_seen_tile(b, ti + 1, t1))
+      for (index_t hk = 0; hk < kv_heads_; ++hk) step(b, hk, key_tile(b, ti), sc.groups[static_cast<std::size_t>(hk)], sc);
     for (index_t hk = 0; hk < kv_heads_; ++hk) {
       const auto& gs = sc.groups[static_cast<std::size_t>(hk)];
       const index_t part = ((b * kv_heads_ + hk) * segments_ + seg) * G;
@@ -167,23 +163,42 @@ class decode_attention {
     for (index_t i = 0; i < G * dim_; ++i) qs[i] = qw[i] * scale_;
   }
 
-  /// One tile of keys for the group: scores, hooks, masks, softmax step, weighted values. `next` is the
-  /// tile after it (null for none), whose rows are prefetched while this one's are staged.
-  void step(index_t b, index_t hk, const key_block& blk, const key_block* next,
-            typename decode_scratch<T>::group_state& gs, decode_scratch<T>& sc) const {
+  /// Whether the products read a tile's rows of K or V in the cache (kv_packets: stored in T, or in
+  /// f16 / bf16 widened in the loads) rather than from a staged copy in T. Keys are staged when the
+  /// encoding rotates them (in the staging buffer, never in the caller's cache), and when they are
+  /// stored in half precision and a score-term hook reads them as rows of T.
+  static constexpr bool values_direct = kv_packets<KV, T>::direct;
+  static constexpr bool keys_direct =
+      values_direct && !transforms_keys && (std::is_same_v<KV, T> || !has_score_terms<Bound, T>);
+  /// Rows stored in T are staged all the same for more than 4 rows per kv head: then every row is
+  /// read by several 4-row blocks, and f32 rows 4 KiB apart (BSHD, 8 kv heads x 128) alias in L1 sets
+  /// and against the stores of the scores and accumulators. Measured at 16 rows, Lk = 4096: in place
+  /// 7.0-7.9 ms, staged 5.1-5.4 ms; f16 rows widened in place 3.3-3.7 ms either way.
+  [[nodiscard]] bool stage_stored_rows() const { return std::is_same_v<KV, T> && rows_ > 4; }
+
+  /// Rows of K or V as the products read them: in the cache (E = KV) or staged (E = T).
+  template <class E>
+  struct rows_ref {
+    const E* data;
+    index_t stride;
+  };
+
+  /// One tile of keys for the group: scores, hooks, masks, softmax step, weighted values.
+  void step(index_t b, index_t hk, const key_block& blk, typename decode_scratch<T>::group_state& gs,
+            decode_scratch<T>& sc) const {
     const index_t G = rows_, n = blk.cols;
-    const const_matrix_map<T> k = keys(b, hk, blk, next, sc);
-    const const_matrix_map<T> v = values(b, hk, blk, next, sc);
+    const auto k = key_rows(b, hk, blk, sc);
     matrix_map<T> s(grow(sc.scores, G * n), G, n, Eigen::OuterStride<>(n));
-    row_dots(gs.q_scaled.data(), dim_, G, k.data(), k.outerStride(), n, dim_, s.data(), n);
+    row_dots(gs.q_scaled.data(), dim_, G, k.data, k.stride, n, dim_, s.data(), n);
 
     // the order of attention_tile.hpp: score terms, softcap, position bias, masks
     const std::int64_t* k_pos = masks_.kp(b) + blk.first;
+    const const_matrix_map<T> k_rows = hook_keys(k, n);
     if constexpr (has_score_terms<Bound, T>)
-      for_each_head(b, hk, blk, k, s, gs, [&](const posenc::tile<T>& t, matrix_map<T> sg) { enc_.add_score_terms(t, scale_, sg); });
+      for_each_head(b, hk, blk, k_rows, s, gs, [&](const posenc::tile<T>& t, matrix_map<T> sg) { enc_.add_score_terms(t, scale_, sg); });
     if (softcap_ > T(0)) softcap_tile<T>(s, softcap_);
     if constexpr (has_position_bias<Bound, T>)
-      for_each_head(b, hk, blk, k, s, gs, [&](const posenc::tile<T>& t, matrix_map<T> sg) { enc_.add_position_bias(t, sg); });
+      for_each_head(b, hk, blk, k_rows, s, gs, [&](const posenc::tile<T>& t, matrix_map<T> sg) { enc_.add_position_bias(t, sg); });
     if (!all_visible(b, blk))
       mask_tile<T>(s, sc.q_pos.data(), k_pos, masks_.kv(b) + blk.first, blk.valid != blk.cols, masks_.causal,
                    blk.ascending, masks_.window);
@@ -191,9 +206,9 @@ class decode_attention {
     online_softmax<T>& sm = gs.softmax;
     matrix_map<T> acc(gs.acc.data(), G, vdim_, Eigen::OuterStride<>(vdim_));
     if (sm.step(s)) acc = sm.alpha.asDiagonal() * acc;
-    add_weighted(s.data(), n, G, v.data(), v.outerStride(), n, vdim_, acc.data(), vdim_);
+    const auto v = value_rows(b, hk, blk, sc);
+    add_weighted(s.data(), n, G, v.data, v.stride, n, vdim_, acc.data(), vdim_);
   }
-
   /// f(tile, scores) for each query head of the group: the hooks see one head's rows of the scores.
   template <class F>
   void for_each_head(index_t b, index_t hk, const key_block& blk, const const_matrix_map<T>& k, matrix_map<T> s,
@@ -209,44 +224,45 @@ class decode_attention {
     }
   }
 
-  /// Whether a tile reads the cache rows in place: stored in T and read once (at most 4 rows per kv
-  /// head: decode_kernels.hpp); keys also only when the encoding does not rotate them. Otherwise a tile
-  /// is staged contiguous first (copied or widened): rows 2-4 KiB apart share L1 sets and would evict
-  /// each other between the passes of several 4-row blocks.
-  [[nodiscard]] bool values_in_place() const { return std::is_same_v<KV, T> && rows_ <= 4; }
-  [[nodiscard]] bool keys_in_place() const { return values_in_place() && !transforms_keys; }
-
-  /// Rows of a tile of K or V (x, `dim` wide) as T rows: the cache's rows in place, or staged into
-  /// `buffer`. The next tile's rows are prefetched.
-  template <class Buffer>
-  const_matrix_map<T> cache_rows(const heads_view<const KV>& x, index_t dim, bool in_place, index_t b, index_t hk,
-                                 const key_block& blk, const key_block* next, Buffer& buffer) const {
-    if constexpr (std::is_same_v<KV, T>) {
-      if (in_place) {
-        if (next != nullptr) prefetch_rows(x.matrix(b, hk, next->first, next->cols), false);
-        return x.matrix(b, hk, blk.first, blk.cols);
-      }
+  /// The tile's keys as T rows for the hooks. Keys read from a half-precision cache in place give none:
+  /// only a position bias (which reads positions, never keys) runs on them (keys_in_place).
+  template <class E>
+  const_matrix_map<T> hook_keys(const rows_ref<E>& k, index_t n) const {
+    if constexpr (std::is_same_v<E, T>) {
+      return const_matrix_map<T>(k.data, n, dim_, Eigen::OuterStride<>(k.stride));
+    } else {
+      return const_matrix_map<T>(nullptr, 0, 0, Eigen::OuterStride<>(1));
     }
-    T* dst = grow(buffer, blk.cols * dim);
-    stage_rows(x.row(b, blk.first, hk), x.token_stride(), blk.cols, dim, dst,
-               next != nullptr ? x.row(b, next->first, hk) : nullptr, next != nullptr ? next->cols : 0);
-    return const_matrix_map<T>(dst, blk.cols, dim, Eigen::OuterStride<>(dim));
   }
 
-  /// The tile's keys as T rows (cache_rows), rotated in the staging buffer when the encoding rotates keys.
-  const_matrix_map<T> keys(index_t b, index_t hk, const key_block& blk, const key_block* next,
-                           decode_scratch<T>& sc) const {
-    const const_matrix_map<T> k = cache_rows(k_, dim_, keys_in_place(), b, hk, blk, next, sc.k_work);
-    if constexpr (transforms_keys)  // never in place: k is the staging buffer
-      enc_.transform_qk(qk_role::key, hk,
-                        std::span<const std::int64_t>(masks_.kp(b) + blk.first, static_cast<std::size_t>(blk.cols)),
-                        matrix_map<T>(sc.k_work.data(), blk.cols, dim_, Eigen::OuterStride<>(dim_)));
-    return k;
+  /// A tile's key rows: in the cache, or staged in T (and rotated there when the encoding rotates keys).
+  auto key_rows(index_t b, index_t hk, const key_block& blk, decode_scratch<T>& sc) const {
+    if constexpr (keys_direct && !std::is_same_v<KV, T>) {
+      return rows_ref<KV>{k_.row(b, blk.first, hk), k_.token_stride()};
+    } else {
+      if constexpr (keys_direct)
+        if (!stage_stored_rows()) return rows_ref<T>{k_.row(b, blk.first, hk), k_.token_stride()};
+      T* dst = grow(sc.k_work, blk.cols * dim_);
+      stage_rows(k_.row(b, blk.first, hk), k_.token_stride(), blk.cols, dim_, dst);
+      if constexpr (transforms_keys)
+        enc_.transform_qk(qk_role::key, hk,
+                          std::span<const std::int64_t>(masks_.kp(b) + blk.first, static_cast<std::size_t>(blk.cols)),
+                          matrix_map<T>(dst, blk.cols, dim_, Eigen::OuterStride<>(dim_)));
+      return rows_ref<T>{dst, dim_};
+    }
   }
 
-  const_matrix_map<T> values(index_t b, index_t hk, const key_block& blk, const key_block* next,
-                             decode_scratch<T>& sc) const {
-    return cache_rows(v_, vdim_, values_in_place(), b, hk, blk, next, sc.v_work);
+  /// A tile's value rows: in the cache, or staged in T.
+  auto value_rows(index_t b, index_t hk, const key_block& blk, decode_scratch<T>& sc) const {
+    if constexpr (values_direct && !std::is_same_v<KV, T>) {
+      return rows_ref<KV>{v_.row(b, blk.first, hk), v_.token_stride()};
+    } else {
+      if constexpr (values_direct)
+        if (!stage_stored_rows()) return rows_ref<T>{v_.row(b, blk.first, hk), v_.token_stride()};
+      T* dst = grow(sc.v_work, blk.cols * vdim_);
+      stage_rows(v_.row(b, blk.first, hk), v_.token_stride(), blk.cols, vdim_, dst);
+      return rows_ref<T>{dst, vdim_};
+    }
   }
 
   [[nodiscard]] const key_block& key_tile(index_t b, index_t ti) const {

@@ -3,16 +3,27 @@
 //   row_dots      S = Q K^T   each score a dot product of two contiguous rows
 //   add_weighted  O += P V    each output row a sum of value rows weighted by its scores
 // Both are written on Eigen's packet primitives (Packet16f with AVX-512, Packet8f with AVX, Packet4f
-// with SSE, and the double forms), so they vectorize on every target the library builds for, with no
-// horizontal reduction inside the loops: row_dots keeps a register block of 4 rows x 4 keys (2 keys
-// with 16 registers) of packet accumulators and reduces each one once; add_weighted keeps 4 rows x 4
-// packets of output in registers across the keys of a tile. Each key and value row is read once per 4
-// query rows: a decode step of up to 4 rows per kv head reads the cache exactly once.
+// with SSE, and the double forms), so they vectorize on every target the library builds for.
+//   row_dots keeps a register block of 4 rows x 4 keys (2 keys with 16 registers) of packet
+//   accumulators; with AVX-512 the 16 accumulators of a block are reduced together by a transpose
+//   tree (45 instructions for 16 scores, against about 10 per score one by one: the reductions were
+//   as many instructions as the products). Keys are the outer loop, so a block's 4 key rows are
+//   reused from L1 by every 4-row block of a group.
+//   add_weighted keeps 4 rows x 4 packets of output in registers across the keys of a chunk; for up to
+//   4 rows the chunk is the whole tile, for more it is 8 keys, so the chunk's value rows stay in L1
+//   for every row block (cache rows 2-4 KiB apart share L1 sets: 32 of them evict each other).
+// K and V rows may be stored in half precision: kv_packets widens them inside the loads (vcvtph2ps,
+// or a shift for bf16), where the products read them, instead of in a pass of their own.
 #pragma once
 
 #include <algorithm>
+#include <type_traits>
 
 #include <Eigen/Core>
+
+#if defined(EIGEN_VECTORIZE_AVX512) || (defined(EIGEN_VECTORIZE_AVX2) && defined(__F16C__))
+#include <immintrin.h>
+#endif
 
 #include "posenc/tensor.hpp"
 
@@ -24,10 +35,103 @@ struct packet_of {
   static constexpr index_t width = Eigen::internal::unpacket_traits<type>::size;
 };
 
+/// Loads of one packet of T from K/V rows stored as KV. `direct`: the products can read rows of KV
+/// in place (T itself, or f16 / bf16 widened in the register where the ISA has it); otherwise the
+/// rows are widened into a T buffer first (kv_storage.hpp).
+template <class KV, class T>
+struct kv_packets {
+  static constexpr bool direct = false;
+};
+
+template <class T>
+struct kv_packets<T, T> {
+  static constexpr bool direct = true;
+  static typename packet_of<T>::type load(const T* p) {
+    return Eigen::internal::ploadu<typename packet_of<T>::type>(p);
+  }
+};
+
+#if defined(EIGEN_VECTORIZE_AVX512)
+template <>
+struct kv_packets<Eigen::half, float> {
+  static constexpr bool direct = true;
+  static __m512 load(const Eigen::half* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+};
+template <>
+struct kv_packets<Eigen::bfloat16, float> {
+  static constexpr bool direct = true;
+  static __m512 load(const Eigen::bfloat16* p) {  // bf16 is a float's upper 16 bits
+    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+  }
+};
+#elif defined(EIGEN_VECTORIZE_AVX2) && defined(__F16C__) && !defined(EIGEN_VECTORIZE_AVX512)
+template <>
+struct kv_packets<Eigen::half, float> {
+  static constexpr bool direct = true;
+  static __m256 load(const Eigen::half* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+};
+template <>
+struct kv_packets<Eigen::bfloat16, float> {
+  static constexpr bool direct = true;
+  static __m256 load(const Eigen::bfloat16* p) {
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  }
+};
+#endif
+
+/// One stored K/V value as T (the scalar tails of the products).
+template <class T, class KV>
+inline T kv_value(const KV& x) {
+  if constexpr (std::is_same_v<KV, T>) {
+    return x;
+  } else {
+    return static_cast<T>(static_cast<float>(x));
+  }
+}
+
+/// s[r * s_stride + j] = the sum of the lanes of acc[r][j] (R x J accumulators).
+template <int R, int J, class P, class T>
+inline void store_sums(const P (&acc)[R][J], T* s, index_t s_stride) {
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < J; ++j) s[r * s_stride + j] = Eigen::internal::predux(acc[r][j]);
+}
+
+#if defined(EIGEN_VECTORIZE_AVX512)
+/// The 4 x 4 block of float accumulators reduced together: each level adds two vectors' halves into
+/// one vector (256-bit halves, then 128-bit lanes, then pairs, then single floats), 16 vectors to 8, 4,
+/// 2, 1; the last holds acc[r][j]'s sum in lane 4 r + j.
+template <>
+inline void store_sums<4, 4, __m512, float>(const __m512 (&acc)[4][4], float* s, index_t s_stride) {
+  __m512 l1[8], l2[4], l3[2];
+  // input order a[4 j + r] puts acc[r][j] in lane 4 r + j at the end
+  for (int i = 0; i < 8; ++i) {
+    const __m512 x = acc[(2 * i) % 4][(2 * i) / 4], y = acc[(2 * i + 1) % 4][(2 * i + 1) / 4];
+    l1[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xEE));
+  }
+  for (int i = 0; i < 4; ++i)
+    l2[i] = _mm512_add_ps(_mm512_shuffle_f32x4(l1[2 * i], l1[2 * i + 1], 0x88),
+                          _mm512_shuffle_f32x4(l1[2 * i], l1[2 * i + 1], 0xDD));
+  for (int i = 0; i < 2; ++i)
+    l3[i] = _mm512_add_ps(_mm512_unpacklo_ps(l2[2 * i], l2[2 * i + 1]), _mm512_unpackhi_ps(l2[2 * i], l2[2 * i + 1]));
+  const __m512d c = _mm512_castps_pd(l3[0]), e = _mm512_castps_pd(l3[1]);
+  const __m512 sums = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(c, e)), _mm512_castpd_ps(_mm512_unpackhi_pd(c, e)));
+  _mm_storeu_ps(s, _mm512_extractf32x4_ps(sums, 0));
+  _mm_storeu_ps(s + s_stride, _mm512_extractf32x4_ps(sums, 1));
+  _mm_storeu_ps(s + 2 * s_stride, _mm512_extractf32x4_ps(sums, 2));
+  _mm_storeu_ps(s + 3 * s_stride, _mm512_extractf32x4_ps(sums, 3));
+}
+#endif
+
 /// s[r * s_stride + j] = dot(q row r, k row j) for R rows x J keys, the dimension d in whole packets
 /// (dv = d rounded down to them) and a scalar tail.
-template <int R, int J, class T>
-inline void row_dots_block(const T* q, index_t q_stride, const T* k, index_t k_stride, index_t d, T* s,
+template <int R, int J, class T, class KV>
+inline void row_dots_block(const T* q, index_t q_stride, const KV* k, index_t k_stride, index_t d, T* s,
                            index_t s_stride) {
   using P = typename packet_of<T>::type;
   constexpr index_t W = packet_of<T>::width;
@@ -38,18 +142,16 @@ inline void row_dots_block(const T* q, index_t q_stride, const T* k, index_t k_s
   const index_t dv = d / W * W;
   for (index_t t = 0; t < dv; t += W) {
     P kp[J];
-    for (int j = 0; j < J; ++j) kp[j] = in::ploadu<P>(k + j * k_stride + t);
+    for (int j = 0; j < J; ++j) kp[j] = kv_packets<KV, T>::load(k + j * k_stride + t);
     for (int r = 0; r < R; ++r) {
       const P qp = in::ploadu<P>(q + r * q_stride + t);
       for (int j = 0; j < J; ++j) acc[r][j] = in::pmadd(qp, kp[j], acc[r][j]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < J; ++j) {
-      T sum = in::predux(acc[r][j]);
-      for (index_t t = dv; t < d; ++t) sum += q[r * q_stride + t] * k[j * k_stride + t];
-      s[r * s_stride + j] = sum;
-    }
+  store_sums<R, J>(acc, s, s_stride);
+  for (index_t t = dv; t < d; ++t)
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < J; ++j) s[r * s_stride + j] += q[r * q_stride + t] * kv_value<T>(k[j * k_stride + t]);
 }
 
 /// Register blocks: 4 rows x J keys of accumulators (J = 4 with 32 vector registers, AVX-512; 2 with
@@ -61,35 +163,43 @@ inline constexpr int weighted_block_packets = 4;
 inline constexpr int dot_block_keys = 2;
 inline constexpr int weighted_block_packets = 2;
 #endif
+/// Keys per add_weighted chunk when a group has more than one 4-row block (see the file comment).
+inline constexpr index_t weighted_chunk_keys = 8;
 
-template <int R, class T>
-inline void row_dots_rows(const T* q, index_t q_stride, const T* k, index_t k_stride, index_t cols, index_t d, T* s,
-                          index_t s_stride) {
-  constexpr int J = dot_block_keys;
-  index_t j = 0;
-  for (; j + J <= cols; j += J) row_dots_block<R, J>(q, q_stride, k + j * k_stride, k_stride, d, s + j, s_stride);
-  for (; j < cols; ++j) row_dots_block<R, 1>(q, q_stride, k + j * k_stride, k_stride, d, s + j, s_stride);
-}
-
-/// S (rows x cols, row-major, row stride s_stride) = Q (rows x d) K^T (K: cols x d); rows of Q and K
-/// contiguous, any row strides. Each key row is read once per 4 query rows.
-template <class T>
-void row_dots(const T* q, index_t q_stride, index_t rows, const T* k, index_t k_stride, index_t cols, index_t d, T* s,
-              index_t s_stride) {
+/// f(std::integral_constant<int, R>{}, r) for the row blocks of `rows`: 4 rows at a time, then 3, 2 or 1.
+template <class F>
+inline void for_row_blocks(index_t rows, F&& f) {
   index_t r = 0;
-  for (; r + 4 <= rows; r += 4) row_dots_rows<4>(q + r * q_stride, q_stride, k, k_stride, cols, d, s + r * s_stride, s_stride);
+  for (; r + 4 <= rows; r += 4) f(std::integral_constant<int, 4>{}, r);
   switch (rows - r) {
-    case 3: row_dots_rows<3>(q + r * q_stride, q_stride, k, k_stride, cols, d, s + r * s_stride, s_stride); break;
-    case 2: row_dots_rows<2>(q + r * q_stride, q_stride, k, k_stride, cols, d, s + r * s_stride, s_stride); break;
-    case 1: row_dots_rows<1>(q + r * q_stride, q_stride, k, k_stride, cols, d, s + r * s_stride, s_stride); break;
+    case 3: f(std::integral_constant<int, 3>{}, r); break;
+    case 2: f(std::integral_constant<int, 2>{}, r); break;
+    case 1: f(std::integral_constant<int, 1>{}, r); break;
     default: break;
   }
 }
 
+/// S (rows x cols, row-major, row stride s_stride) = Q (rows x d) K^T (K: cols x d, stored as KV);
+/// rows of Q and K contiguous, any row strides. Each key row is loaded from memory once.
+template <class T, class KV>
+void row_dots(const T* q, index_t q_stride, index_t rows, const KV* k, index_t k_stride, index_t cols, index_t d, T* s,
+              index_t s_stride) {
+  constexpr int J = dot_block_keys;
+  index_t j = 0;
+  for (; j + J <= cols; j += J)
+    for_row_blocks(rows, [&](auto R, index_t r) {
+      row_dots_block<R(), J>(q + r * q_stride, q_stride, k + j * k_stride, k_stride, d, s + r * s_stride + j, s_stride);
+    });
+  for (; j < cols; ++j)
+    for_row_blocks(rows, [&](auto R, index_t r) {
+      row_dots_block<R(), 1>(q + r * q_stride, q_stride, k + j * k_stride, k_stride, d, s + r * s_stride + j, s_stride);
+    });
+}
+
 /// R output rows, N packets each from column t: o_r[t .. t+N*W) += sum_j p_r[j] v_j[t .. t+N*W), the
 /// R x N accumulators in registers, each value packet loaded once for the R rows.
-template <int R, int N, class T>
-inline void add_weighted_block(const T* p, index_t p_stride, const T* v, index_t v_stride, index_t cols, T* o,
+template <int R, int N, class T, class KV>
+inline void add_weighted_block(const T* p, index_t p_stride, const KV* v, index_t v_stride, index_t cols, T* o,
                                index_t o_stride) {
   using P = typename packet_of<T>::type;
   constexpr index_t W = packet_of<T>::width;
@@ -99,7 +209,7 @@ inline void add_weighted_block(const T* p, index_t p_stride, const T* v, index_t
     for (int i = 0; i < N; ++i) acc[r][i] = in::ploadu<P>(o + r * o_stride + i * W);
   for (index_t j = 0; j < cols; ++j) {
     P vp[N];
-    for (int i = 0; i < N; ++i) vp[i] = in::ploadu<P>(v + j * v_stride + i * W);
+    for (int i = 0; i < N; ++i) vp[i] = kv_packets<KV, T>::load(v + j * v_stride + i * W);
     for (int r = 0; r < R; ++r) {
       const P w = in::pset1<P>(p[r * p_stride + j]);
       for (int i = 0; i < N; ++i) acc[r][i] = in::pmadd(w, vp[i], acc[r][i]);
@@ -109,35 +219,33 @@ inline void add_weighted_block(const T* p, index_t p_stride, const T* v, index_t
     for (int i = 0; i < N; ++i) in::pstoreu(o + r * o_stride + i * W, acc[r][i]);
 }
 
-template <int R, class T>
-void add_weighted_rows(const T* p, index_t p_stride, const T* v, index_t v_stride, index_t cols, index_t dv, T* o,
-                       index_t o_stride) {
+/// O (rows x dv, row stride o_stride) += P (rows x cols, row stride p_stride) V (cols x dv, stored as
+/// KV). Each value row is loaded from memory once.
+template <class T, class KV>
+void add_weighted(const T* p, index_t p_stride, index_t rows, const KV* v, index_t v_stride, index_t cols, index_t dv,
+                  T* o, index_t o_stride) {
   constexpr index_t W = packet_of<T>::width;
   constexpr int N = weighted_block_packets;
-  index_t t = 0;
-  for (; t + N * W <= dv; t += N * W) add_weighted_block<R, N>(p, p_stride, v + t, v_stride, cols, o + t, o_stride);
-  for (; t + W <= dv; t += W) add_weighted_block<R, 1>(p, p_stride, v + t, v_stride, cols, o + t, o_stride);
-  for (; t < dv; ++t)
-    for (int r = 0; r < R; ++r) {
-      T sum = o[r * o_stride + t];
-      for (index_t j = 0; j < cols; ++j) sum += p[r * p_stride + j] * v[j * v_stride + t];
-      o[r * o_stride + t] = sum;
-    }
-}
-
-/// O (rows x dv, row stride o_stride) += P (rows x cols, row stride p_stride) V (cols x dv). Each value
-/// row is read once per 4 output rows.
-template <class T>
-void add_weighted(const T* p, index_t p_stride, index_t rows, const T* v, index_t v_stride, index_t cols, index_t dv,
-                  T* o, index_t o_stride) {
-  index_t r = 0;
-  for (; r + 4 <= rows; r += 4)
-    add_weighted_rows<4>(p + r * p_stride, p_stride, v, v_stride, cols, dv, o + r * o_stride, o_stride);
-  switch (rows - r) {
-    case 3: add_weighted_rows<3>(p + r * p_stride, p_stride, v, v_stride, cols, dv, o + r * o_stride, o_stride); break;
-    case 2: add_weighted_rows<2>(p + r * p_stride, p_stride, v, v_stride, cols, dv, o + r * o_stride, o_stride); break;
-    case 1: add_weighted_rows<1>(p + r * p_stride, p_stride, v, v_stride, cols, dv, o + r * o_stride, o_stride); break;
-    default: break;
+  const index_t chunk = rows <= 4 ? cols : weighted_chunk_keys;
+  for (index_t j0 = 0; j0 < cols; j0 += chunk) {
+    const index_t nj = std::min(chunk, cols - j0);
+    const T* pj = p + j0;
+    const KV* vj = v + j0 * v_stride;
+    index_t t = 0;
+    for (; t + N * W <= dv; t += N * W)
+      for_row_blocks(rows, [&](auto R, index_t r) {
+        add_weighted_block<R(), N>(pj + r * p_stride, p_stride, vj + t, v_stride, nj, o + r * o_stride + t, o_stride);
+      });
+    for (; t + W <= dv; t += W)
+      for_row_blocks(rows, [&](auto R, index_t r) {
+        add_weighted_block<R(), 1>(pj + r * p_stride, p_stride, vj + t, v_stride, nj, o + r * o_stride + t, o_stride);
+      });
+    for (; t < dv; ++t)
+      for (index_t r = 0; r < rows; ++r) {
+        T sum = o[r * o_stride + t];
+        for (index_t j = 0; j < nj; ++j) sum += pj[r * p_stride + j] * kv_value<T>(vj[j * v_stride + t]);
+        o[r * o_stride + t] = sum;
+      }
   }
 }
 

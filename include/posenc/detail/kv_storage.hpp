@@ -71,21 +71,10 @@ void widen_rows(const KV* src, index_t src_stride, index_t rows, index_t cols, T
   for (index_t r = 0; r < rows; ++r) widen(src + r * src_stride, dst + r * dst_stride, cols);
 }
 
-/// dst (rows x cols, contiguous rows) = src rows (row stride src_stride) in T: copied or widened, while
-/// the rows of the next tile (`next`, next_rows of them, same stride; null for none) are prefetched one
-/// row per row staged. Staging makes a tile contiguous: cache rows are 2-4 KiB apart (BSHD), so the 64
-/// rows of a tile share one L1 set and evict each other between the passes of the tile products;
-/// prefetching row by row keeps the fill buffers busy without flooding them (a whole tile's
-/// prefetches at once stalled, docs/performance.md › Decode).
+/// dst (rows x cols, contiguous rows) = src rows (row stride src_stride) in T: copied or widened.
 template <class KV, class T>
-void stage_rows(const KV* src, index_t src_stride, index_t rows, index_t cols, T* dst, const KV* next,
-                index_t next_rows) {
-  const index_t bytes = cols * static_cast<index_t>(sizeof(KV));
+void stage_rows(const KV* src, index_t src_stride, index_t rows, index_t cols, T* dst) {
   for (index_t r = 0; r < rows; ++r) {
-    if (r < next_rows) {
-      const char* line = reinterpret_cast<const char*>(next + r * src_stride);
-      for (index_t o = 0; o < bytes; o += 64) prefetch<0, 2>(line + o);
-    }
     if constexpr (std::is_same_v<KV, T>) {
       // Eigen's inlined packet copy: memcpy's call costs as much as a 512-byte row's copy here
       Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>(dst + r * cols, cols) =
