@@ -460,6 +460,49 @@ TEST_CASE("online_softmax::fold_sink after merging partial states equals the sof
   CHECK(std::isnan(empty.lse(1)));
 }
 
+TEST_CASE("online_softmax::step: weights in whole packets and tails; a NaN poisons its row in any lane", "[kernel]") {
+  using posenc::detail::online_softmax;
+  constexpr float nan = std::numeric_limits<float>::quiet_NaN();
+  for (Index n = 1; n <= 40; ++n) {
+    INFO("n = " << n);
+    Eigen::Matrix<float, 3, Eigen::Dynamic, Eigen::RowMajor> s(3, n);
+    for (Index j = 0; j < n; ++j) {
+      s(0, j) = std::sin(0.7f * static_cast<float>(j)) * 3.0f;  // finite
+      s(1, j) = j % 3 == 1 ? -std::numeric_limits<float>::infinity() : 0.25f * static_cast<float>(j);
+      s(2, j) = -std::numeric_limits<float>::infinity();  // nothing visible
+    }
+    const Eigen::MatrixXf before = s;
+    online_softmax<float> sm;
+    sm.reset(3);
+    sm.step(posenc::matrix_map<float>(s.data(), 3, n, Eigen::OuterStride<>(n)));
+    for (Index r = 0; r < 2; ++r) {
+      const float m = before.row(r).maxCoeff();
+      double l = 0;
+      for (Index j = 0; j < n; ++j) {
+        const double w = std::exp(static_cast<double>(before(r, j)) - m);
+        CHECK(s(r, j) == Approx(w).margin(1e-7));
+        l += w;
+      }
+      CHECK(sm.m(r) == m);
+      CHECK(sm.l(r) == Approx(l).epsilon(1e-6));
+    }
+    CHECK(s.row(2).isZero());
+    CHECK(sm.l(2) == 0.0f);
+    // one NaN among masked scores (the reported max may come out -inf), or among finite ones
+    for (Index at = 0; at < n; ++at)
+      for (const float other : {-std::numeric_limits<float>::infinity(), 1.5f}) {
+        Eigen::Matrix<float, 1, Eigen::Dynamic> row = Eigen::Matrix<float, 1, Eigen::Dynamic>::Constant(n, other);
+        row(at) = nan;
+        online_softmax<float> one;
+        one.reset(1);
+        one.step(posenc::matrix_map<float>(row.data(), 1, n, Eigen::OuterStride<>(n)));
+        CHECK(std::isnan(one.l(0)));
+        CHECK(std::isnan(one.m(0)));
+        CHECK(row.array().isNaN().all());
+      }
+  }
+}
+
 TEST_CASE("attention_mask: HF 1 = token, 0 = padding, alone or with key_padding_mask (union)", "[kernel]") {
   dcase c;
   c.causal = false;

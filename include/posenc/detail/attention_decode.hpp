@@ -124,7 +124,7 @@ class decode_attention {
     const index_t t0 = seg * decode_segment_keys / decode_tile_keys;
     const index_t t1 = std::min(tiles_per_row_, (seg + 1) * decode_segment_keys / decode_tile_keys);
     for (index_t ti = first_seen_tile(b, t0, t1); ti < t1; ti = first_seen_tile(b, ti + 1, t1))
-      for (index_t hk = 0; hk < kv_heads_; ++hk) step(b, hk, key_tile(b, ti), sc.groups[static_cast<std::size_t>(hk)], sc);
+      run_tile(b, key_tile(b, ti), sc);
     for (index_t hk = 0; hk < kv_heads_; ++hk) {
       const auto& gs = sc.groups[static_cast<std::size_t>(hk)];
       const index_t part = ((b * kv_heads_ + hk) * segments_ + seg) * G;
@@ -183,13 +183,53 @@ class decode_attention {
     index_t stride;
   };
 
-  /// One tile of keys for the group: scores, hooks, masks, softmax step, weighted values.
-  void step(index_t b, index_t hk, const key_block& blk, typename decode_scratch<T>::group_state& gs,
-            decode_scratch<T>& sc) const {
+  /// Whether a tile's scores are computed across the kv heads a few keys at a time, reading the key
+  /// rows in place: in BSHD the rows of all kv heads of a key are one contiguous run, so the tile's
+  /// keys are read in address order, which the hardware prefetchers follow (measured, GQA 32/8,
+  /// d = 128, 1 row, Lk = 4096, one core, against head by head: f32 cache 1.63-1.69 -> 1.53-1.59 ms,
+  /// f16 1.35-1.37 -> 1.15-1.17 ms). Staged keys are scored head by head.
+  [[nodiscard]] bool keys_swept() const { return keys_direct && !stage_stored_rows(); }
+
+  /// One tile of keys for every kv head: the scores (row_dots) and the softmax step (finish_scores),
+  /// then the weighted values (add_weighted).
+  void run_tile(index_t b, const key_block& blk, decode_scratch<T>& sc) const {
     const index_t G = rows_, n = blk.cols;
-    const auto k = key_rows(b, hk, blk, sc);
-    matrix_map<T> s(grow(sc.scores, G * n), G, n, Eigen::OuterStride<>(n));
-    row_dots(gs.q_scaled.data(), dim_, G, k.data, k.stride, n, dim_, s.data(), n);
+    T* scores = grow(sc.scores, kv_heads_ * G * n);  // [G x n] per kv head
+    auto group = [&](index_t hk) -> auto& { return sc.groups[static_cast<std::size_t>(hk)]; };
+    bool swept = false;
+    if constexpr (keys_direct) {
+      if (keys_swept()) {
+        for (index_t j = 0; j < n; j += dot_block_keys)
+          for (index_t hk = 0; hk < kv_heads_; ++hk)
+            row_dots(group(hk).q_scaled.data(), dim_, G, k_.row(b, blk.first + j, hk), k_.token_stride(),
+                     std::min<index_t>(dot_block_keys, n - j), dim_, scores + hk * G * n + j, n);
+        for (index_t hk = 0; hk < kv_heads_; ++hk)
+          finish_scores(b, hk, blk, rows_ref<KV>{k_.row(b, blk.first, hk), k_.token_stride()}, scores + hk * G * n,
+                        group(hk), sc);
+        swept = true;
+      }
+    }
+    if (!swept)
+      for (index_t hk = 0; hk < kv_heads_; ++hk) {
+        const auto k = key_rows(b, hk, blk, sc);
+        row_dots(group(hk).q_scaled.data(), dim_, G, k.data, k.stride, n, dim_, scores + hk * G * n, n);
+        finish_scores(b, hk, blk, k, scores + hk * G * n, group(hk), sc);
+      }
+    // values head by head: summing them across the kv heads a few keys at a time, in address order as
+    // the scores, measured the same (f16 and f32 cache, 1 row, Lk = 4096, chunks of 4, 8 and 16 keys)
+    for (index_t hk = 0; hk < kv_heads_; ++hk) {
+      const auto v = value_rows(b, hk, blk, sc);
+      add_weighted(scores + hk * G * n, n, G, v.data, v.stride, n, vdim_, group(hk).acc.data(), vdim_);
+    }
+  }
+
+  /// A tile's scores for one kv head's group, past the products: hooks, masks, softmax step (the
+  /// scores become the weights), the accumulators rescaled.
+  template <class E>
+  void finish_scores(index_t b, index_t hk, const key_block& blk, const rows_ref<E>& k, T* scores,
+                     typename decode_scratch<T>::group_state& gs, decode_scratch<T>& sc) const {
+    const index_t G = rows_, n = blk.cols;
+    matrix_map<T> s(scores, G, n, Eigen::OuterStride<>(n));
 
     // the order of attention_tile.hpp: score terms, softcap, position bias, masks
     const std::int64_t* k_pos = masks_.kp(b) + blk.first;
@@ -206,9 +246,8 @@ class decode_attention {
     online_softmax<T>& sm = gs.softmax;
     matrix_map<T> acc(gs.acc.data(), G, vdim_, Eigen::OuterStride<>(vdim_));
     if (sm.step(s)) acc = sm.alpha.asDiagonal() * acc;
-    const auto v = value_rows(b, hk, blk, sc);
-    add_weighted(s.data(), n, G, v.data, v.stride, n, vdim_, acc.data(), vdim_);
   }
+
   /// f(tile, scores) for each query head of the group: the hooks see one head's rows of the scores.
   template <class F>
   void for_each_head(index_t b, index_t hk, const key_block& blk, const const_matrix_map<T>& k, matrix_map<T> s,

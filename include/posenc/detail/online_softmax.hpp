@@ -12,9 +12,10 @@
 // NaN or +inf, and exp(s - max) is NaN for that entry), and a -inf score is a masked key. Such a row
 // is "poisoned": its weights, l, m and alpha become NaN, so the output row and the log-sum-exp are
 // NaN however many blocks follow (before, the final l > 0 test turned such a row into zeros,
-// indistinguishable from a row that sees no key). Two checks find it: the row max (+inf, or NaN when
-// the reduction reports it), and the new l: Eigen's max keeps a NaN in its first operand, and the
-// flush below puts the score first, so a NaN score gives a NaN weight and a NaN sum. A NaN-propagating
+// indistinguishable from a row that sees no key). Three checks find it: the row max (+inf, or NaN when
+// the reduction reports it), the new l (Eigen's pmax keeps a NaN in its first operand, and the flush
+// below puts the score first, so a NaN score gives a NaN weight and a NaN sum), and, for a row whose
+// max came out -inf (no weights are computed then), a scan for NaN. A NaN-propagating
 // row max (maxCoeff<PropagateNaN>) would find every case alone but made attention 3-4 % slower
 // (docs/performance.md › NaN and Inf).
 //
@@ -33,6 +34,7 @@
 // has seen no key (l = 0) stays empty (zero output, lse -inf) and a poisoned row stays NaN.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -58,6 +60,49 @@ struct online_softmax {
     alpha.setOnes(rows);
   }
 
+  using packet = typename Eigen::internal::packet_traits<T>::type;
+  static constexpr index_t width = Eigen::internal::unpacket_traits<packet>::size;
+
+  /// The largest of row[0 .. n), n > 0. A NaN may or may not be reported (the packet max keeps it only
+  /// in its first operand): step checks the sum, and a row whose reported max is -inf, for NaN.
+  static T max_of(const T* row, index_t n) {
+    namespace in = Eigen::internal;
+    T best = row[0];
+    index_t j = 1;
+    if (n >= width) {
+      packet acc = in::ploadu<packet>(row);
+      for (j = width; j + width <= n; j += width) acc = in::pmax(acc, in::ploadu<packet>(row + j));
+      best = in::predux_max(acc);
+    }
+    for (; j < n; ++j) best = std::max(best, row[j]);  // a NaN best stays
+    return best;
+  }
+
+  /// row[j] = w_j = max(exp(max(s_j - m, c)) - 2 exp(c), 0) with c = flush_below, in place; returns
+  /// sum_j w_j. Every step is a packet op written out (Eigen 3.4 evaluates `select` one scalar at a
+  /// time, measured 2.8 ns per score; an Eigen expression per row cost 11 % of a decode step on its
+  /// 32-key rows). Masked keys (-inf) and weights below 2 exp(c) become exactly 0; the exp never sees
+  /// an argument whose result is subnormal; the others move by 2 exp(c) (4e-28 in float), far below
+  /// one ulp of the sum. pmax keeps a NaN in its first operand, where the score is.
+  static T to_weights(T* row, index_t n, T m_new) {
+    namespace in = Eigen::internal;
+    const packet pm = in::pset1<packet>(m_new), pc = in::pset1<packet>(flush_below),
+                 pw = in::pset1<packet>(flush_weight), zero = in::pset1<packet>(T(0));
+    packet sum = zero;
+    index_t j = 0;
+    for (; j + width <= n; j += width) {
+      const packet w = in::pmax(in::psub(in::pexp(in::pmax(in::psub(in::ploadu<packet>(row + j), pm), pc)), pw), zero);
+      in::pstoreu(row + j, w);
+      sum = in::padd(sum, w);
+    }
+    T total = in::predux(sum);
+    for (; j < n; ++j) {
+      row[j] = std::max(std::exp(std::max(row[j] - m_new, flush_below)) - flush_weight, T(0));  // NaN stays first
+      total += row[j];
+    }
+    return total;
+  }
+
   /// Replaces the scores s (rows x cols, masked entries -inf) by exp(s - m_new) in place and updates
   /// m, l and alpha. Returns whether some alpha differs from 1 (the accumulators need rescaling).
   bool step(matrix_map<T> s) {
@@ -66,32 +111,29 @@ struct online_softmax {
     constexpr T nan = std::numeric_limits<T>::quiet_NaN();
     bool rescale = false;
     for (index_t i = 0; i < s.rows(); ++i) {
-      auto row = s.row(i).array();
-      const T row_max = row.maxCoeff();
-      if (std::isnan(m(i)) || std::isnan(row_max) || row_max == pos_inf) {  // poisoned (header comment)
-        row.setConstant(nan);
+      T* row = s.data() + i * s.outerStride();
+      const index_t n = s.cols();
+      const T row_max = n == 0 ? neg_inf : max_of(row, n);
+      if (std::isnan(m(i)) || std::isnan(row_max) || row_max == pos_inf ||
+          (row_max == neg_inf && std::any_of(row, row + n, [](T x) { return std::isnan(x); }))) {  // poisoned (header comment)
+        std::fill(row, row + n, nan);
         m(i) = l(i) = alpha(i) = nan;
         rescale = true;
         continue;
       }
       const T m_new = std::max(m(i), row_max);
       if (m_new == neg_inf) {  // nothing visible so far: weights 0, nothing to rescale
-        row.setZero();
+        std::fill(row, row + n, T(0));
         alpha(i) = T(1);
         continue;
       }
       const T shift = m(i) - m_new;  // m(i) = -inf gives alpha 0: the accumulators are still zero
       alpha(i) = shift < flush_below ? T(0) : std::exp(shift);
       rescale = rescale || alpha(i) != T(1);
-      // w = max(exp(max(s - m, c)) - 2 exp(c), 0) with c = flush_below: every step is a packet op
-      // (Eigen 3.4 evaluates `select` one scalar at a time, measured 2.8 ns per score). Masked keys
-      // (-inf) and weights below 2 exp(c) become exactly 0; the exp never sees an argument whose
-      // result is subnormal; the others move by 2 exp(c) (4e-28 in float), far below one ulp of the sum.
-      row = ((row - m_new).max(flush_below).exp() - flush_weight).max(T(0));
-      l(i) = alpha(i) * l(i) + row.sum();
+      l(i) = alpha(i) * l(i) + to_weights(row, n, m_new);
       m(i) = m_new;
       if (std::isnan(l(i))) {  // a NaN score the row max did not report (header comment)
-        row.setConstant(nan);
+        std::fill(row, row + n, nan);
         m(i) = l(i) = alpha(i) = nan;
         rescale = true;
       }
