@@ -274,34 +274,35 @@ class decode_attention {
     }
   }
 
-  /// A tile's key rows: in the cache, or staged in T (and rotated there when the encoding rotates keys).
-  auto key_rows(index_t b, index_t hk, const key_block& blk, decode_scratch<T>& sc) const {
-    if constexpr (keys_direct && !std::is_same_v<KV, T>) {
-      return rows_ref<KV>{k_.row(b, blk.first, hk), k_.token_stride()};
+  /// A tile's rows of K or V (`x`, `dim` wide): in the cache when `direct` allows it (and, stored in T,
+  /// for at most 4 rows per kv head), else staged in T into `buffer`.
+  template <bool direct, class Buffer>
+  auto cache_rows(const heads_view<const KV>& x, index_t dim, index_t b, index_t hk, const key_block& blk,
+                  Buffer& buffer) const {
+    if constexpr (direct && !std::is_same_v<KV, T>) {
+      return rows_ref<KV>{x.row(b, blk.first, hk), x.token_stride()};
     } else {
-      if constexpr (keys_direct)
-        if (!stage_stored_rows()) return rows_ref<T>{k_.row(b, blk.first, hk), k_.token_stride()};
-      T* dst = grow(sc.k_work, blk.cols * dim_);
-      stage_rows(k_.row(b, blk.first, hk), k_.token_stride(), blk.cols, dim_, dst);
-      if constexpr (transforms_keys)
-        enc_.transform_qk(qk_role::key, hk,
-                          std::span<const std::int64_t>(masks_.kp(b) + blk.first, static_cast<std::size_t>(blk.cols)),
-                          matrix_map<T>(dst, blk.cols, dim_, Eigen::OuterStride<>(dim_)));
-      return rows_ref<T>{dst, dim_};
+      if constexpr (direct)
+        if (!stage_stored_rows()) return rows_ref<T>{x.row(b, blk.first, hk), x.token_stride()};
+      T* dst = grow(buffer, blk.cols * dim);
+      stage_rows(x.row(b, blk.first, hk), x.token_stride(), blk.cols, dim, dst);
+      return rows_ref<T>{dst, dim};
     }
   }
 
-  /// A tile's value rows: in the cache, or staged in T.
+  /// A tile's key rows (cache_rows); staged keys are rotated in the staging buffer when the encoding
+  /// rotates keys (keys_direct is false then).
+  auto key_rows(index_t b, index_t hk, const key_block& blk, decode_scratch<T>& sc) const {
+    const auto k = cache_rows<keys_direct>(k_, dim_, b, hk, blk, sc.k_work);
+    if constexpr (transforms_keys)
+      enc_.transform_qk(qk_role::key, hk,
+                        std::span<const std::int64_t>(masks_.kp(b) + blk.first, static_cast<std::size_t>(blk.cols)),
+                        matrix_map<T>(sc.k_work.data(), blk.cols, dim_, Eigen::OuterStride<>(dim_)));
+    return k;
+  }
+
   auto value_rows(index_t b, index_t hk, const key_block& blk, decode_scratch<T>& sc) const {
-    if constexpr (values_direct && !std::is_same_v<KV, T>) {
-      return rows_ref<KV>{v_.row(b, blk.first, hk), v_.token_stride()};
-    } else {
-      if constexpr (values_direct)
-        if (!stage_stored_rows()) return rows_ref<T>{v_.row(b, blk.first, hk), v_.token_stride()};
-      T* dst = grow(sc.v_work, blk.cols * vdim_);
-      stage_rows(v_.row(b, blk.first, hk), v_.token_stride(), blk.cols, vdim_, dst);
-      return rows_ref<T>{dst, vdim_};
-    }
+    return cache_rows<values_direct>(v_, vdim_, b, hk, blk, sc.v_work);
   }
 
   [[nodiscard]] const key_block& key_tile(index_t b, index_t ti) const {
