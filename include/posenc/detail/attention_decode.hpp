@@ -114,9 +114,12 @@ class decode_attention {
   /// head (rows 4 KiB apart) ran at 16.7 GB/s, in address order at 27 GB/s.
   void run_segment(index_t b, index_t seg, decode_scratch<T>& sc) {
     const index_t G = rows_;
+    // the group's query positions (row g * q_len + i: query i), the same for every kv head
+    sc.q_pos.resize(static_cast<std::size_t>(G));
+    for (index_t g = 0; g < group_; ++g) std::copy(masks_.qp(b), masks_.qp(b) + q_len_, sc.q_pos.begin() + g * q_len_);
     for (index_t hk = 0; hk < kv_heads_; ++hk) {
       auto& gs = sc.groups[static_cast<std::size_t>(hk)];
-      prepare_queries(b, hk, gs, sc);
+      prepare_queries(b, hk, gs);
       T* acc = grow(gs.acc, G * vdim_);
       std::fill(acc, acc + G * vdim_, T(0));
       gs.softmax.reset(G);
@@ -138,11 +141,9 @@ class decode_attention {
 
   /// The group's query rows (row g * q_len + i: head hk * group + g, query i), transformed once, and
   /// scaled for row_dots.
-  void prepare_queries(index_t b, index_t hk, typename decode_scratch<T>::group_state& gs,
-                       decode_scratch<T>& sc) const {
+  void prepare_queries(index_t b, index_t hk, typename decode_scratch<T>::group_state& gs) const {
     const index_t G = rows_;
     T* qw = grow(gs.q_work, G * dim_);
-    sc.q_pos.resize(static_cast<std::size_t>(G));
     const std::span<const std::int64_t> pos(masks_.qp(b), static_cast<std::size_t>(q_len_));
     for (index_t g = 0; g < group_; ++g) {
       matrix_map<T> dst(qw + g * q_len_ * dim_, q_len_, dim_, Eigen::OuterStride<>(dim_));
@@ -157,7 +158,6 @@ class decode_attention {
       } else {
         dst = src;
       }
-      std::copy(pos.begin(), pos.end(), sc.q_pos.begin() + g * q_len_);
     }
     T* qs = grow(gs.q_scaled, G * dim_);
     for (index_t i = 0; i < G * dim_; ++i) qs[i] = qw[i] * scale_;
@@ -195,32 +195,39 @@ class decode_attention {
   void run_tile(index_t b, const key_block& blk, decode_scratch<T>& sc) const {
     const index_t G = rows_, n = blk.cols;
     T* scores = grow(sc.scores, kv_heads_ * G * n);  // [G x n] per kv head
-    auto group = [&](index_t hk) -> auto& { return sc.groups[static_cast<std::size_t>(hk)]; };
-    bool swept = false;
-    if constexpr (keys_direct) {
-      if (keys_swept()) {
-        for (index_t j = 0; j < n; j += dot_block_keys)
-          for (index_t hk = 0; hk < kv_heads_; ++hk)
-            row_dots(group(hk).q_scaled.data(), dim_, G, k_.row(b, blk.first + j, hk), k_.token_stride(),
-                     std::min<index_t>(dot_block_keys, n - j), dim_, scores + hk * G * n + j, n);
-        for (index_t hk = 0; hk < kv_heads_; ++hk)
-          finish_scores(b, hk, blk, rows_ref<KV>{k_.row(b, blk.first, hk), k_.token_stride()}, scores + hk * G * n,
-                        group(hk), sc);
-        swept = true;
-      }
-    }
-    if (!swept)
+    if (keys_swept())
+      score_across_heads(b, blk, scores, sc);
+    else
       for (index_t hk = 0; hk < kv_heads_; ++hk) {
         const auto k = key_rows(b, hk, blk, sc);
-        row_dots(group(hk).q_scaled.data(), dim_, G, k.data, k.stride, n, dim_, scores + hk * G * n, n);
-        finish_scores(b, hk, blk, k, scores + hk * G * n, group(hk), sc);
+        row_dots(group(sc, hk).q_scaled.data(), dim_, G, k.data, k.stride, n, dim_, scores + hk * G * n, n);
+        finish_scores(b, hk, blk, k, scores + hk * G * n, group(sc, hk), sc);
       }
     // values head by head: summing them across the kv heads a few keys at a time, in address order as
     // the scores, measured the same (f16 and f32 cache, 1 row, Lk = 4096, chunks of 4, 8 and 16 keys)
     for (index_t hk = 0; hk < kv_heads_; ++hk) {
       const auto v = value_rows(b, hk, blk, sc);
-      add_weighted(scores + hk * G * n, n, G, v.data, v.stride, n, vdim_, group(hk).acc.data(), vdim_);
+      add_weighted(scores + hk * G * n, n, G, v.data, v.stride, n, vdim_, group(sc, hk).acc.data(), vdim_);
     }
+  }
+
+  /// The tile's scores read from the cache rows in place, a few keys at a time across the kv heads
+  /// (keys_swept), then finished per kv head.
+  void score_across_heads(index_t b, const key_block& blk, T* scores, decode_scratch<T>& sc) const {
+    if constexpr (keys_direct) {  // keys_swept() is false otherwise
+      const index_t G = rows_, n = blk.cols;
+      for (index_t j = 0; j < n; j += dot_block_keys)
+        for (index_t hk = 0; hk < kv_heads_; ++hk)
+          row_dots(group(sc, hk).q_scaled.data(), dim_, G, k_.row(b, blk.first + j, hk), k_.token_stride(),
+                   std::min<index_t>(dot_block_keys, n - j), dim_, scores + hk * G * n + j, n);
+      for (index_t hk = 0; hk < kv_heads_; ++hk)
+        finish_scores(b, hk, blk, rows_ref<KV>{k_.row(b, blk.first, hk), k_.token_stride()}, scores + hk * G * n,
+                      group(sc, hk), sc);
+    }
+  }
+
+  static typename decode_scratch<T>::group_state& group(decode_scratch<T>& sc, index_t hk) {
+    return sc.groups[static_cast<std::size_t>(hk)];
   }
 
   /// A tile's scores for one kv head's group, past the products: hooks, masks, softmax step (the
