@@ -1521,6 +1521,7 @@ std::vector<config> decode_configs() {
   add(1, 1700, 3, 1, 48, 48, layout::bshd, true, padding::none, offset::q_offset);
   add(7, 1200, 2, 2, 24, 40, layout::bhsd, true, padding::mask, offset::q_offset);
   add(1, 900, 2, 2, 128, 128, layout::bshd, true, padding::none, offset::q_offset);
+  add(5, 800, 8, 2, 40, 40, layout::bshd, true, padding::mask, offset::q_offset);  // 20 rows: two packets (AVX-512)
   return out;
 }
 

@@ -14,9 +14,12 @@
 //                  that rotates keys or an ISA without in-register widening. No software prefetch:
 //                  the hardware prefetchers follow the tile order, and prefetching the next tile
 //                  measured slower (f32, 1 row: 1.65 -> 2.0 ms).
-//   tile math      S = scale Q K^T (row_dots), the encoding's score terms and bias per query head,
-//                  masks, online softmax, O += P V (add_weighted); per segment (O, m, l) are kept and
-//                  merged exactly at the end (the log-sum-exp merge of attention.hpp's merge).
+//   tile math      S = scale Q K^T, the encoding's score terms and bias per query head, masks, online
+//                  softmax, O += P V; per segment (O, m, l) are kept and merged exactly at the end (the
+//                  log-sum-exp merge of attention.hpp's merge). Up to 4 rows per kv head the scores
+//                  are rows (row_dots, add_weighted); for more, columns (column_dots, the softmax
+//                  down the columns, add_weighted_rows), where each K and V value is read once for
+//                  all the rows (decode_kernels.hpp).
 #pragma once
 
 #include <algorithm>
@@ -62,11 +65,13 @@ struct decode_scratch {
   struct group_state {
     buffer q_work;    ///< the group's queries after the Q transform, unscaled (what hooks read)
     buffer q_scaled;  ///< scale * queries: the left operand of row_dots
+    buffer q_cols;    ///< the same transposed, [d x column lanes], zero padded (column_dots)
     buffer acc;       ///< O, [rows x value_dim]
     online_softmax<T> softmax;
+    bool rescale = false;  ///< the last softmax step left some alpha != 1 (column layout)
   };
   std::vector<group_state> groups;  ///< per kv head
-  buffer k_work, v_work, scores;
+  buffer k_work, v_work, scores, score_rows;
   std::vector<std::int64_t> q_pos;  ///< query positions, repeated for each head of the group
 };
 
@@ -161,7 +166,21 @@ class decode_attention {
     }
     T* qs = grow(gs.q_scaled, G * dim_);
     for (index_t i = 0; i < G * dim_; ++i) qs[i] = qw[i] * scale_;
+    if (column_scores()) {
+      const index_t lanes = column_lanes();
+      T* qc = grow(gs.q_cols, dim_ * lanes);
+      std::fill(qc, qc + dim_ * lanes, T(0));
+      transpose_into(qs, dim_, dim_, G, qc, lanes);
+    }
   }
+
+  /// Whether the tiles run in the column layout (decode_kernels.hpp): for more than one 4-row block
+  /// of row_dots, up to two packets of rows. Measured (GQA 32/8, d = 128, 4 query rows = 16 per kv
+  /// head, Lk = 4096, one core, best of 30 calls): f32 cache, row layout 4.42-4.47 ms, columns
+  /// 2.76-2.78 ms; f16 cache 4.00-4.03 ms against 3.11-3.13 ms.
+  [[nodiscard]] bool column_scores() const { return rows_ > 4 && column_packets<T>(rows_) > 0; }
+  /// Lanes of a column of scores: the rows rounded up to whole packets.
+  [[nodiscard]] index_t column_lanes() const { return column_packets<T>(rows_) * packet_of<T>::width; }
 
   /// Whether the products read a tile's rows of K or V in the cache (kv_packets: stored in T, or in
   /// f16 / bf16 widened in the loads) rather than from a staged copy in T. Keys are staged when the
@@ -170,10 +189,11 @@ class decode_attention {
   static constexpr bool values_direct = kv_packets<KV, T>::direct;
   static constexpr bool keys_direct =
       values_direct && !transforms_keys && (std::is_same_v<KV, T> || !has_score_terms<Bound, T>);
-  /// Rows stored in T are staged all the same for more than 4 rows per kv head: then every row is
-  /// read by several 4-row blocks, and f32 rows 4 KiB apart (BSHD, 8 kv heads x 128) alias in L1 sets
-  /// and against the stores of the scores and accumulators. Measured at 16 rows, Lk = 4096: in place
-  /// 7.0-7.9 ms, staged 5.1-5.4 ms; f16 rows widened in place 3.3-3.7 ms either way.
+  /// In the row layout, rows stored in T are staged all the same for more than 4 rows per kv head
+  /// (groups too wide for the column layout): then every row is read by several 4-row blocks, and f32
+  /// rows 4 KiB apart (BSHD, 8 kv heads x 128) alias in L1 sets and against the stores of the scores
+  /// and accumulators. Measured at 16 rows, Lk = 4096: in place 7.0-7.9 ms, staged 5.1-5.4 ms; f16
+  /// rows widened in place 3.3-3.7 ms either way.
   [[nodiscard]] bool stage_stored_rows() const { return std::is_same_v<KV, T> && rows_ > 4; }
 
   /// Rows of K or V as the products read them: in the cache (E = KV) or staged (E = T).
@@ -191,8 +211,9 @@ class decode_attention {
   [[nodiscard]] bool keys_swept() const { return keys_direct && !stage_stored_rows(); }
 
   /// One tile of keys for every kv head: the scores (row_dots) and the softmax step (finish_scores),
-  /// then the weighted values (add_weighted).
+  /// then the weighted values (add_weighted); run_tile_columns in the column layout.
   void run_tile(index_t b, const key_block& blk, decode_scratch<T>& sc) const {
+    if (column_scores()) return run_tile_columns(b, blk, sc);
     const index_t G = rows_, n = blk.cols;
     T* scores = grow(sc.scores, kv_heads_ * G * n);  // [G x n] per kv head
     if (keys_swept())
@@ -208,6 +229,61 @@ class decode_attention {
     for (index_t hk = 0; hk < kv_heads_; ++hk) {
       const auto v = value_rows(b, hk, blk, sc);
       add_weighted(scores + hk * G * n, n, G, v.data, v.stride, n, vdim_, group(sc, hk).acc.data(), vdim_);
+    }
+  }
+
+  /// run_tile in the column layout: per kv head S^T = K Q^T (column_dots), the hooks and masks on the
+  /// scores turned back to rows when there are any, the softmax down the columns; then O += P V
+  /// (add_weighted_rows), each head's values read once, in place when kv_packets can.
+  void run_tile_columns(index_t b, const key_block& blk, decode_scratch<T>& sc) const {
+    const index_t G = rows_, n = blk.cols, lanes = column_lanes();
+    T* scores = grow(sc.scores, kv_heads_ * n * lanes);  // S^T [n x lanes] per kv head
+    for (index_t hk = 0; hk < kv_heads_; ++hk) {
+      auto& gs = group(sc, hk);
+      T* st = scores + hk * n * lanes;
+      const auto k = column_key_rows(b, hk, blk, sc);
+      column_dots(gs.q_cols.data(), lanes, dim_, k.data, k.stride, n, st, lanes);
+      if (needs_row_scores(b, blk)) {
+        T* s = grow(sc.score_rows, G * n);
+        transpose_into(st, lanes, G, n, s, n);
+        score_hooks(b, hk, blk, k, s, gs, sc);
+        transpose_into(s, n, n, G, st, lanes);
+      }
+      gs.rescale = gs.softmax.step_columns(st, n, lanes);
+    }
+    for (index_t hk = 0; hk < kv_heads_; ++hk) {
+      auto& gs = group(sc, hk);
+      // the accumulators' rescale by alpha is folded into the product's loads of them
+      const T* alpha = gs.rescale ? gs.softmax.alpha.data() : nullptr;
+      if constexpr (values_direct) {
+        add_weighted_rows(scores + hk * n * lanes, lanes, G, v_.row(b, blk.first, hk), v_.token_stride(), n, vdim_,
+                          gs.acc.data(), vdim_, alpha);
+      } else {
+        const auto v = value_rows(b, hk, blk, sc);
+        add_weighted_rows(scores + hk * n * lanes, lanes, G, v.data, v.stride, n, vdim_, gs.acc.data(), vdim_, alpha);
+      }
+    }
+  }
+
+  /// Whether the scores of a tile pass through the hooks, the softcap or a mask (score_hooks).
+  [[nodiscard]] bool needs_row_scores(index_t b, const key_block& blk) const {
+    return has_score_terms<Bound, T> || has_position_bias<Bound, T> || softcap_ > T(0) || !all_visible(b, blk);
+  }
+
+  /// A tile's key rows as T for column_dots: the cache rows when stored in T and not rotated (each
+  /// is read once, as a run of broadcasts), else widened (and rotated) into the staging buffer.
+  rows_ref<T> column_key_rows(index_t b, index_t hk, const key_block& blk, decode_scratch<T>& sc) const {
+    if constexpr (std::is_same_v<KV, T> && !transforms_keys) {
+      (void)sc;
+      return rows_ref<T>{k_.row(b, blk.first, hk), k_.token_stride()};
+    } else {
+      T* dst = grow(sc.k_work, blk.cols * dim_);
+      stage_rows(k_.row(b, blk.first, hk), k_.token_stride(), blk.cols, dim_, dst);
+      if constexpr (transforms_keys)
+        enc_.transform_qk(qk_role::key, hk,
+                          std::span<const std::int64_t>(masks_.kp(b) + blk.first, static_cast<std::size_t>(blk.cols)),
+                          matrix_map<T>(dst, blk.cols, dim_, Eigen::OuterStride<>(dim_)));
+      return rows_ref<T>{dst, dim_};
     }
   }
 
@@ -235,6 +311,20 @@ class decode_attention {
   template <class E>
   void finish_scores(index_t b, index_t hk, const key_block& blk, const rows_ref<E>& k, T* scores,
                      typename decode_scratch<T>::group_state& gs, decode_scratch<T>& sc) const {
+    score_hooks(b, hk, blk, k, scores, gs, sc);
+    if (gs.softmax.step(matrix_map<T>(scores, rows_, blk.cols, Eigen::OuterStride<>(blk.cols)))) rescale(gs);
+  }
+
+  /// The accumulators of a group multiplied by the softmax step's alpha.
+  void rescale(typename decode_scratch<T>::group_state& gs) const {
+    matrix_map<T> acc(gs.acc.data(), rows_, vdim_, Eigen::OuterStride<>(vdim_));
+    acc = gs.softmax.alpha.asDiagonal() * acc;
+  }
+
+  /// A tile's scores (G x n rows) before the softmax step: score terms, softcap, position bias, masks.
+  template <class E>
+  void score_hooks(index_t b, index_t hk, const key_block& blk, const rows_ref<E>& k, T* scores,
+                   const typename decode_scratch<T>::group_state& gs, decode_scratch<T>& sc) const {
     const index_t G = rows_, n = blk.cols;
     matrix_map<T> s(scores, G, n, Eigen::OuterStride<>(n));
 
@@ -249,10 +339,6 @@ class decode_attention {
     if (!all_visible(b, blk))
       mask_tile<T>(s, sc.q_pos.data(), k_pos, masks_.kv(b) + blk.first, blk.valid != blk.cols, masks_.causal,
                    blk.ascending, masks_.window);
-
-    online_softmax<T>& sm = gs.softmax;
-    matrix_map<T> acc(gs.acc.data(), G, vdim_, Eigen::OuterStride<>(vdim_));
-    if (sm.step(s)) acc = sm.alpha.asDiagonal() * acc;
   }
 
   /// f(tile, scores) for each query head of the group: the hooks see one head's rows of the scores.

@@ -1,7 +1,9 @@
 // posenc/detail/decode_kernels.hpp — the decode path's tile products, for a few query rows against keys
-// and values read straight from the cache rows (no packed copies):
+// and values read straight from the cache rows (no packed copies). The row layout, up to 4 rows per
+// kv head:
 //   row_dots      S = Q K^T   each score a dot product of two contiguous rows
 //   add_weighted  O += P V    each output row a sum of value rows weighted by its scores
+// and the column layout for more rows (column_dots, add_weighted_rows: see there).
 // Both are written on Eigen's packet primitives (Packet16f with AVX-512, Packet8f with AVX, Packet4f
 // with SSE, and the double forms), so they vectorize on every target the library builds for.
 //   row_dots keeps a register block of 4 rows x 4 keys (2 keys with 16 registers) of packet
@@ -18,6 +20,7 @@
 
 #include <algorithm>
 #include <type_traits>
+#include <utility>
 
 #include <Eigen/Core>
 
@@ -193,6 +196,169 @@ void row_dots(const T* q, index_t q_stride, index_t rows, const KV* k, index_t k
   for (; j < cols; ++j)
     for_row_blocks(rows, [&](auto R, index_t r) {
       row_dots_block<R(), 1>(q + r * q_stride, q_stride, k + j * k_stride, k_stride, d, s + r * s_stride + j, s_stride);
+    });
+}
+
+/// The column layout, for groups of more than 4 rows: a packet holds one key's scores for up to W
+/// query rows (a lane per row), so the products need no reductions and the softmax runs down the
+/// columns. With row_dots a group of 16 rows reads every key row 4 times (once per 4-row block) and
+/// reduces every score (measured in L1, 16 rows x 32 keys, d = 128: row_dots and add_weighted at
+/// 45-62 % of the FMA peak; pointer bumps between the rows and the reductions bind them).
+///   column_dots        S^T = K Q^T  from Q^T [d x lanes]; each key value is broadcast from its row
+///                                   (a memory operand of the FMA), each Q^T packet loaded once for
+///                                   a block of keys
+///   add_weighted_rows  O += P V     from P^T [keys x lanes]; each value packet is loaded (and widened)
+///                                   once for all the rows, the rows' weights broadcast from one
+///                                   contiguous column of P^T
+
+/// Keeps p in a register the optimizer cannot relate to other pointers (an empty asm on GCC and
+/// clang; nothing elsewhere).
+template <class T>
+inline void hide_pointer(const T*& p) {
+#if defined(__GNUC__)
+  asm("" : "+r"(p));
+#else
+  (void)p;
+#endif
+}
+
+/// Packets per column of query rows: 1 or 2 (groups up to two packets wide), 0 when wider.
+template <class T>
+constexpr int column_packets(index_t rows) {
+  constexpr index_t W = packet_of<T>::width;
+  return rows <= W ? 1 : rows <= 2 * W ? 2 : 0;
+}
+
+/// Keys per column_dots block: the KB x NP accumulators and KB row pointers fit the registers.
+#if defined(EIGEN_VECTORIZE_AVX512)
+inline constexpr int column_block_keys = 8;
+#else
+inline constexpr int column_block_keys = 4;
+#endif
+
+/// KB keys of column_dots: acc[j] = sum_t k_j[t] qc[t], the dimension unrolled by 4 so that the key
+/// rows are addressed by their pointer plus a constant (one index update per 4 x KB FMAs).
+template <int KB, int NP, class T>
+inline void column_dots_block(const T* qc, index_t d, const T* k, index_t k_stride, T* st, index_t ld) {
+  using P = typename packet_of<T>::type;
+  constexpr index_t W = packet_of<T>::width, L = NP * W;
+  namespace in = Eigen::internal;
+  P acc[KB][NP];
+  const T* kr[KB];
+  for (int j = 0; j < KB; ++j) {
+    kr[j] = k + j * k_stride;
+    // opaque to the optimizer: else clang 14 rebuilds each pointer from the previous one by a chain
+    // of dependent adds inside the loop (62-78 % of the FMA peak measured with it, in L1)
+    hide_pointer(kr[j]);
+    for (int i = 0; i < NP; ++i) acc[j][i] = in::pset1<P>(T(0));
+  }
+  auto step = [&](index_t t) {
+    P qp[NP];
+    for (int i = 0; i < NP; ++i) qp[i] = in::ploadu<P>(qc + t * L + i * W);
+    for (int j = 0; j < KB; ++j) {
+      const P kb = in::pset1<P>(kr[j][t]);
+      for (int i = 0; i < NP; ++i) acc[j][i] = in::pmadd(kb, qp[i], acc[j][i]);
+    }
+  };
+  index_t t = 0;
+  for (; t + 4 <= d; t += 4) {
+    step(t);
+    step(t + 1);
+    step(t + 2);
+    step(t + 3);
+  }
+  for (; t < d; ++t) step(t);
+  for (int j = 0; j < KB; ++j)
+    for (int i = 0; i < NP; ++i) in::pstoreu(st + j * ld + i * W, acc[j][i]);
+}
+
+template <int NP, class T>
+void column_dots_n(const T* qc, index_t d, const T* k, index_t k_stride, index_t cols, T* st, index_t ld) {
+  constexpr int KB = column_block_keys / NP;
+  index_t j = 0;
+  for (; j + KB <= cols; j += KB) column_dots_block<KB, NP>(qc, d, k + j * k_stride, k_stride, st + j * ld, ld);
+  for (; j < cols; ++j) column_dots_block<1, NP>(qc, d, k + j * k_stride, k_stride, st + j * ld, ld);
+}
+
+/// S^T (cols x lanes, row stride ld: row j holds key j's scores for every query row) = K Q^T, from
+/// qc = Q^T [d x lanes] (query rows as lanes, zero padded to lanes = 1 or 2 packets) and K (cols x d)
+/// rows of T.
+template <class T>
+void column_dots(const T* qc, index_t lanes, index_t d, const T* k, index_t k_stride, index_t cols, T* st,
+                 index_t ld) {
+  if (lanes == packet_of<T>::width)
+    column_dots_n<1>(qc, d, k, k_stride, cols, st, ld);
+  else
+    column_dots_n<2>(qc, d, k, k_stride, cols, st, ld);
+}
+
+/// dst[r dst_stride + j] = src[j src_stride + r] for r < rows, j < cols (the column layout's scores
+/// to rows, for the hooks and masks, and back).
+template <class T>
+void transpose_into(const T* src, index_t src_stride, index_t rows, index_t cols, T* dst, index_t dst_stride) {
+  for (index_t r = 0; r < rows; ++r)
+    for (index_t j = 0; j < cols; ++j) dst[r * dst_stride + j] = src[j * src_stride + r];
+}
+
+/// Rows of the output held in registers by add_weighted_rows: one packet each (16 of 32 registers
+/// with AVX-512, 8 of 16 otherwise).
+#if defined(EIGEN_VECTORIZE_AVX512)
+inline constexpr int weighted_column_rows = 16;
+#else
+inline constexpr int weighted_column_rows = 8;
+#endif
+
+/// f(std::integral_constant<int, R>{}) for the runtime r in [1, N].
+template <int N, class F, int... I>
+inline void with_rows_impl(index_t r, F&& f, std::integer_sequence<int, I...>) {
+  (void)((r == I + 1 ? (f(std::integral_constant<int, I + 1>{}), true) : false) || ...);
+}
+template <int N, class F>
+inline void with_rows(index_t r, F&& f) {
+  with_rows_impl<N>(r, f, std::make_integer_sequence<int, N>{});
+}
+
+/// R output rows, one packet column at a time: o_r[t .. t+W) = a_r o_r[t .. t+W) + sum_j pt[j][r]
+/// v_j[t .. t+W) (a_r = alpha[r], or 1 without alpha), the R accumulators in registers over all
+/// `cols` keys.
+template <int R, class T, class KV>
+inline void add_weighted_rows_block(const T* pt, index_t ld, const KV* v, index_t v_stride, index_t cols, index_t dv,
+                                    T* o, index_t o_stride, const T* alpha) {
+  using P = typename packet_of<T>::type;
+  constexpr index_t W = packet_of<T>::width;
+  namespace in = Eigen::internal;
+  index_t t = 0;
+  for (; t + W <= dv; t += W) {
+    P acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = in::ploadu<P>(o + r * o_stride + t);
+    if (alpha != nullptr)
+      for (int r = 0; r < R; ++r) acc[r] = in::pmul(acc[r], in::pset1<P>(alpha[r]));
+    for (index_t j = 0; j < cols; ++j) {
+      const P vp = kv_packets<KV, T>::load(v + j * v_stride + t);
+      const T* w = pt + j * ld;
+      for (int r = 0; r < R; ++r) acc[r] = in::pmadd(in::pset1<P>(w[r]), vp, acc[r]);
+    }
+    for (int r = 0; r < R; ++r) in::pstoreu(o + r * o_stride + t, acc[r]);
+  }
+  for (; t < dv; ++t)
+    for (int r = 0; r < R; ++r) {
+      T sum = alpha != nullptr ? alpha[r] * o[r * o_stride + t] : o[r * o_stride + t];
+      for (index_t j = 0; j < cols; ++j) sum += pt[j * ld + r] * kv_value<T>(v[j * v_stride + t]);
+      o[r * o_stride + t] = sum;
+    }
+}
+
+/// O (rows x dv, row stride o_stride) = diag(alpha) O + P V with P given as P^T (cols x rows, row
+/// stride ld) and V (cols x dv) stored as KV; alpha may be null (no rescale). Each value packet is
+/// loaded once per weighted_column_rows rows.
+template <class T, class KV>
+void add_weighted_rows(const T* pt, index_t ld, index_t rows, const KV* v, index_t v_stride, index_t cols, index_t dv,
+                       T* o, index_t o_stride, const T* alpha) {
+  constexpr int B = weighted_column_rows;
+  for (index_t r = 0; r < rows; r += B)
+    with_rows<B>(std::min<index_t>(B, rows - r), [&](auto R) {
+      add_weighted_rows_block<R()>(pt + r, ld, v, v_stride, cols, dv, o + r * o_stride, o_stride,
+                                   alpha != nullptr ? alpha + r : nullptr);
     });
 }
 

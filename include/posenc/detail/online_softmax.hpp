@@ -48,6 +48,7 @@ template <class T>
 struct online_softmax {
   using vector = Eigen::Matrix<T, Eigen::Dynamic, 1>;
   vector m, l, alpha;  ///< running max, running sum, rescale factor of the last step (per row)
+  vector lanes;        ///< step_columns' scratch
 
   /// log(eps^4): weights exp(s - m) below it are dropped (see the header comment).
   static inline const T flush_below = T(4) * std::log(std::numeric_limits<T>::epsilon());
@@ -134,6 +135,76 @@ struct online_softmax {
       m(i) = m_new;
       if (std::isnan(l(i))) {  // a NaN score the row max did not report (header comment)
         std::fill(row, row + n, nan);
+        m(i) = l(i) = alpha(i) = nan;
+        rescale = true;
+      }
+    }
+    return rescale;
+  }
+
+  /// step for scores stored by column (decode_kernels.hpp, the column layout): st[j * ld + i] is row
+  /// i's score of key j, for n keys; ld is a multiple of the packet width, and lanes past rows() are
+  /// computed and ignored. The same rules as step, row by row (the weights are the same numbers; the
+  /// sums are added in another order). Returns whether some alpha differs from 1.
+  bool step_columns(T* st, index_t n, index_t ld) {
+    namespace in = Eigen::internal;
+    constexpr T neg_inf = -std::numeric_limits<T>::infinity();
+    constexpr T pos_inf = std::numeric_limits<T>::infinity();
+    constexpr T nan = std::numeric_limits<T>::quiet_NaN();
+    const index_t rows = m.size();
+    lanes.resize(2 * ld);
+    T* col_max = lanes.data();  // then each lane's m_new
+    T* sums = col_max + ld;
+    for (index_t c = 0; c < ld; c += width) {
+      packet mx = in::pset1<packet>(neg_inf);
+      for (index_t j = 0; j < n; ++j) mx = in::pmax(in::ploadu<packet>(st + j * ld + c), mx);
+      in::pstoreu(col_max + c, mx);
+    }
+    bool rescale = false;
+    for (index_t i = 0; i < ld; ++i) {
+      if (i >= rows) {  // padding lanes: weights 0 (s - inf)
+        col_max[i] = pos_inf;
+        continue;
+      }
+      const T row_max = col_max[i];
+      bool poisoned = std::isnan(m(i)) || std::isnan(row_max) || row_max == pos_inf;
+      for (index_t j = 0; !poisoned && row_max == neg_inf && j < n; ++j) poisoned = std::isnan(st[j * ld + i]);
+      if (poisoned) {  // NaN weights (s - NaN), as step fills the row
+        col_max[i] = m(i) = l(i) = alpha(i) = nan;
+        rescale = true;
+        continue;
+      }
+      const T m_new = std::max(m(i), row_max);
+      if (m_new == neg_inf) {  // nothing visible so far: weights 0 (-inf - inf), nothing to rescale
+        col_max[i] = pos_inf;
+        alpha(i) = T(1);
+        continue;
+      }
+      const T shift = m(i) - m_new;
+      alpha(i) = shift < flush_below ? T(0) : std::exp(shift);
+      rescale = rescale || alpha(i) != T(1);
+      col_max[i] = m_new;
+    }
+    // the weights of to_weights, a packet of rows at a time
+    const packet pc = in::pset1<packet>(flush_below), pw = in::pset1<packet>(flush_weight),
+                 zero = in::pset1<packet>(T(0));
+    for (index_t c = 0; c < ld; c += width) {
+      const packet pm = in::ploadu<packet>(col_max + c);
+      packet sum = zero;
+      for (index_t j = 0; j < n; ++j) {
+        T* x = st + j * ld + c;
+        const packet w = in::pmax(in::psub(in::pexp(in::pmax(in::psub(in::ploadu<packet>(x), pm), pc)), pw), zero);
+        in::pstoreu(x, w);
+        sum = in::padd(sum, w);
+      }
+      in::pstoreu(sums + c, sum);
+    }
+    for (index_t i = 0; i < rows; ++i) {
+      if (std::isnan(m(i)) || col_max[i] == pos_inf) continue;  // poisoned, or nothing visible
+      l(i) = alpha(i) * l(i) + sums[i];
+      m(i) = col_max[i];
+      if (std::isnan(l(i))) {  // a NaN score the max did not report
+        for (index_t j = 0; j < n; ++j) st[j * ld + i] = nan;
         m(i) = l(i) = alpha(i) = nan;
         rescale = true;
       }
