@@ -11,6 +11,7 @@
 #include <posenc/reference.hpp>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -508,67 +509,75 @@ TEST_CASE("online_softmax::step_columns: each row (lane) gets the step's weights
   using posenc::detail::online_softmax;
   constexpr float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   constexpr Index W = online_softmax<float>::width;
-  // row kinds (r % 7): 0 finite, max rising in block 1; 1 some -inf, max falling; 2 nothing visible in
-  // block 0, finite in block 1; 3 nothing visible; 4 a NaN among -inf in block 1; 5 a NaN among finite
-  // ones in block 0; 6 a +inf in block 1
-  auto score = [](Index blk, Index r, Index j, Index n) -> float {
+  // row kinds: 0 finite, max rising in block 1; 1 some -inf, max falling; 2 nothing visible in block 0,
+  // finite in block 1; 3 nothing visible; 4 a NaN among -inf in block 1; 5 a NaN among finite ones in
+  // block 0; 6 a +inf in block 1; 7 a NaN first among finite ones (the packet max loses it). With
+  // `unusual` false only kinds 0, 1 and 7 (the packet path), else 0-6 (row by row).
+  bool unusual = false;
+  auto kind = [&](Index r) { return unusual ? r % 7 : (r % 3 == 2 ? 7 : r % 3); };
+  auto score = [&](Index blk, Index r, Index j, Index n) -> float {
     const auto x = static_cast<float>(j), b = static_cast<float>(blk), rf = static_cast<float>(r);
-    switch (r % 7) {
+    switch (kind(r)) {
       case 0: return std::sin(0.7f * x + rf) * 3.0f + 2.0f * b;
       case 1: return j % 3 == 1 ? -inf : 0.25f * x - 3.0f * b;
       case 2: return blk == 0 ? -inf : 0.1f * x;
       case 3: return -inf;
       case 4: return blk == 1 && j == r % n ? nan : -inf;
       case 5: return blk == 0 && j == (7 * r) % n ? nan : 0.5f * x;
-      default: return blk == 1 && j == n / 2 ? inf : -0.5f * x;
+      case 6: return blk == 1 && j == n / 2 ? inf : -0.5f * x;
+      default: return blk == 0 && j == 0 ? nan : 0.3f * x;
     }
   };
-  for (const Index rows : {Index{1}, Index{3}, W - 1, W, W + 1, 2 * W})
-    for (const Index n : {1, 5, 32, 33}) {
-      INFO("rows = " << rows << ", n = " << n);
-      const Index ld = (rows + W - 1) / W * W;
-      online_softmax<float> sm;
-      sm.reset(rows);
-      std::vector<double> m_ref(static_cast<std::size_t>(rows), -inf), l_ref(static_cast<std::size_t>(rows), 0.0);
-      std::vector<bool> poisoned(static_cast<std::size_t>(rows), false);
-      for (Index blk = 0; blk < 2; ++blk) {
-        std::vector<float> st(static_cast<std::size_t>(n * ld), nan);  // padding lanes NaN: they must not leak
-        for (Index j = 0; j < n; ++j)
-          for (Index r = 0; r < rows; ++r) st[static_cast<std::size_t>(j * ld + r)] = score(blk, r, j, n);
-        sm.step_columns(st.data(), n, ld);
-        for (Index r = 0; r < rows; ++r) {
-          INFO("block " << blk << ", row " << r);
-          const auto i = static_cast<std::size_t>(r);
-          double block_max = -inf;
-          bool bad = false;
-          for (Index j = 0; j < n; ++j) {
-            const float x = score(blk, r, j, n);
-            bad = bad || std::isnan(x) || x == inf;
-            block_max = std::max(block_max, static_cast<double>(x));
-          }
-          poisoned[i] = poisoned[i] || bad;
-          if (poisoned[i]) {
-            CHECK(std::isnan(sm.m(r)));
-            CHECK(std::isnan(sm.l(r)));
-            for (Index j = 0; j < n; ++j) CHECK(std::isnan(st[static_cast<std::size_t>(j * ld + r)]));
-            continue;
-          }
-          const double m_new = std::max(m_ref[i], block_max);
-          const double alpha = m_new == -inf ? 1.0 : std::exp(m_ref[i] - m_new);
-          double sum = 0;
-          for (Index j = 0; j < n; ++j) {
-            const double w = m_new == -inf ? 0.0 : std::exp(static_cast<double>(score(blk, r, j, n)) - m_new);
-            CHECK(st[static_cast<std::size_t>(j * ld + r)] == Approx(w).margin(1e-7));
-            sum += w;
-          }
-          CHECK(sm.alpha(r) == Approx(alpha).margin(1e-7));
-          l_ref[i] = alpha * l_ref[i] + sum;
-          m_ref[i] = m_new;
-          CHECK(static_cast<double>(sm.m(r)) == m_ref[i]);
-          CHECK(sm.l(r) == Approx(l_ref[i]).epsilon(1e-6));
+  for (int pass = 0; pass < 2 * 6 * 4; ++pass) {
+    const bool u = pass >= 6 * 4;
+    const Index rows = std::array<Index, 6>{1, 3, W - 1, W, W + 1, 2 * W}[static_cast<std::size_t>(pass / 4 % 6)];
+    const Index n = std::array<Index, 4>{1, 5, 32, 33}[static_cast<std::size_t>(pass % 4)];
+    unusual = u;
+    INFO("rows = " << rows << ", n = " << n << (u ? ", unusual rows" : ""));
+    const Index ld = (rows + W - 1) / W * W;
+    online_softmax<float> sm;
+    sm.reset(ld);  // a row per lane; the padding rows are ignored
+    std::vector<double> m_ref(static_cast<std::size_t>(rows), -inf), l_ref(static_cast<std::size_t>(rows), 0.0);
+    std::vector<bool> poisoned(static_cast<std::size_t>(rows), false);
+    for (Index blk = 0; blk < 2; ++blk) {
+      // padding rows 0 (as the kernel's zero queries give), or NaN: it must not leak into the rows
+      std::vector<float> st(static_cast<std::size_t>(n * ld), u ? nan : 0.0f);
+      for (Index j = 0; j < n; ++j)
+        for (Index r = 0; r < rows; ++r) st[static_cast<std::size_t>(j * ld + r)] = score(blk, r, j, n);
+      sm.step_columns(st.data(), n, ld);
+      for (Index r = 0; r < rows; ++r) {
+        INFO("block " << blk << ", row " << r);
+        const auto i = static_cast<std::size_t>(r);
+        double block_max = -inf;
+        bool bad = false;
+        for (Index j = 0; j < n; ++j) {
+          const float x = score(blk, r, j, n);
+          bad = bad || std::isnan(x) || x == inf;
+          block_max = std::max(block_max, static_cast<double>(x));
         }
+        poisoned[i] = poisoned[i] || bad;
+        if (poisoned[i]) {
+          CHECK(std::isnan(sm.m(r)));
+          CHECK(std::isnan(sm.l(r)));
+          for (Index j = 0; j < n; ++j) CHECK(std::isnan(st[static_cast<std::size_t>(j * ld + r)]));
+          continue;
+        }
+        const double m_new = std::max(m_ref[i], block_max);
+        const double alpha = m_new == -inf ? 1.0 : std::exp(m_ref[i] - m_new);
+        double sum = 0;
+        for (Index j = 0; j < n; ++j) {
+          const double w = m_new == -inf ? 0.0 : std::exp(static_cast<double>(score(blk, r, j, n)) - m_new);
+          CHECK(st[static_cast<std::size_t>(j * ld + r)] == Approx(w).margin(1e-7));
+          sum += w;
+        }
+        CHECK(sm.alpha(r) == Approx(alpha).margin(1e-7));
+        l_ref[i] = alpha * l_ref[i] + sum;
+        m_ref[i] = m_new;
+        CHECK(static_cast<double>(sm.m(r)) == m_ref[i]);
+        CHECK(sm.l(r) == Approx(l_ref[i]).epsilon(1e-6));
       }
     }
+  }
 }
 
 TEST_CASE("attention_mask: HF 1 = token, 0 = padding, alone or with key_padding_mask (union)", "[kernel]") {

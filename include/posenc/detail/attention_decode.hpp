@@ -127,7 +127,7 @@ class decode_attention {
       prepare_queries(b, hk, gs);
       T* acc = grow(gs.acc, G * vdim_);
       std::fill(acc, acc + G * vdim_, T(0));
-      gs.softmax.reset(G);
+      gs.softmax.reset(column_scores() ? column_lanes() : G);  // step_columns: a row per lane
     }
     const index_t t0 = seg * decode_segment_keys / decode_tile_keys;
     const index_t t1 = std::min(tiles_per_row_, (seg + 1) * decode_segment_keys / decode_tile_keys);

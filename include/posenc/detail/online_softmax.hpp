@@ -48,7 +48,6 @@ template <class T>
 struct online_softmax {
   using vector = Eigen::Matrix<T, Eigen::Dynamic, 1>;
   vector m, l, alpha;  ///< running max, running sum, rescale factor of the last step (per row)
-  vector lanes;        ///< step_columns' scratch
 
   /// log(eps^4): weights exp(s - m) below it are dropped (see the header comment).
   static inline const T flush_below = T(4) * std::log(std::numeric_limits<T>::epsilon());
@@ -142,76 +141,108 @@ struct online_softmax {
     return rescale;
   }
 
+  /// Whether every lane of a comparison's result is true.
+  static bool all_lanes(const packet& mask) {
+    namespace in = Eigen::internal;
+    return !in::predux_any(in::pandnot(in::ptrue(mask), mask));
+  }
+
   /// step for scores stored by column (decode_kernels.hpp, the column layout): st[j * ld + i] is row
-  /// i's score of key j, for n keys; ld is a multiple of the packet width, and lanes past rows() are
-  /// computed and ignored. The same rules as step, row by row (the weights are the same numbers; the
-  /// sums are added in another order). Returns whether some alpha differs from 1.
+  /// i's score of key j, for n keys, with ld = rows() a multiple of the packet width (every lane is a
+  /// row: padding rows are computed like the others and ignored by the caller). The same rules as
+  /// step, row by row (the weights are the same numbers; the sums are added in another order). A
+  /// packet of rows whose max and running max are all finite, the common case, is done in packet
+  /// ops throughout (alpha included: a scalar exp per row cost 8 % of a 16-row decode step); a packet
+  /// with a row that saw only -inf, a +inf or a NaN is done row by row. Returns whether some alpha
+  /// differs from 1.
   bool step_columns(T* st, index_t n, index_t ld) {
     namespace in = Eigen::internal;
     constexpr T neg_inf = -std::numeric_limits<T>::infinity();
     constexpr T pos_inf = std::numeric_limits<T>::infinity();
-    constexpr T nan = std::numeric_limits<T>::quiet_NaN();
-    const index_t rows = m.size();
-    lanes.resize(2 * ld);
-    T* col_max = lanes.data();  // then each lane's m_new
-    T* sums = col_max + ld;
-    for (index_t c = 0; c < ld; c += width) {
-      packet mx = in::pset1<packet>(neg_inf);
-      for (index_t j = 0; j < n; ++j) mx = in::pmax(in::ploadu<packet>(st + j * ld + c), mx);
-      in::pstoreu(col_max + c, mx);
-    }
+    const packet pc = in::pset1<packet>(flush_below), pw = in::pset1<packet>(flush_weight),
+                 zero = in::pset1<packet>(T(0)), one = in::pset1<packet>(T(1)), ninf = in::pset1<packet>(neg_inf),
+                 pinf = in::pset1<packet>(pos_inf);
     bool rescale = false;
-    for (index_t i = 0; i < ld; ++i) {
-      if (i >= rows) {  // padding lanes: weights 0 (s - inf)
-        col_max[i] = pos_inf;
+    for (index_t c = 0; c < ld; c += width) {
+      packet mx = ninf;
+      for (index_t j = 0; j < n; ++j) mx = in::pmax(in::ploadu<packet>(st + j * ld + c), mx);
+      const packet m_old = in::ploadu<packet>(m.data() + c);
+      // finite: x == x and |x| < inf (a NaN fails both compares)
+      const packet finite = in::pand(in::pcmp_lt(in::pabs(mx), pinf), in::pcmp_eq(m_old, m_old));
+      if (!all_lanes(finite)) {
+        rescale = step_columns_by_row(st, n, ld, c, mx) || rescale;
         continue;
       }
-      const T row_max = col_max[i];
+      const packet m_new = in::pmax(m_old, mx);
+      const packet shift = in::psub(m_old, m_new);  // -inf for a row's first visible block: alpha 0
+      const packet a = in::pselect(in::pcmp_lt(shift, pc), zero, in::pexp(in::pmax(shift, pc)));
+      packet sum = zero;
+      for (index_t j = 0; j < n; ++j) {
+        T* x = st + j * ld + c;
+        const packet w = in::pmax(in::psub(in::pexp(in::pmax(in::psub(in::ploadu<packet>(x), m_new), pc)), pw), zero);
+        in::pstoreu(x, w);
+        sum = in::padd(sum, w);
+      }
+      const packet l_new = in::pmadd(a, in::ploadu<packet>(l.data() + c), sum);
+      in::pstoreu(alpha.data() + c, a);
+      in::pstoreu(l.data() + c, l_new);
+      in::pstoreu(m.data() + c, m_new);
+      rescale = rescale || !all_lanes(in::pcmp_eq(a, one));
+      if (!all_lanes(in::pcmp_eq(l_new, l_new)))  // a NaN score the max did not report
+        for (index_t i = c; i < c + width; ++i)
+          if (std::isnan(l(i))) poison_column(st, n, ld, i);
+    }
+    return rescale;
+  }
+
+ private:
+  /// step_columns for the rows c .. c+width of a packet with an unusual row, one row at a time
+  /// (step's per-row rules); col_max holds the packet's column maxima.
+  bool step_columns_by_row(T* st, index_t n, index_t ld, index_t c, const packet& col_max) {
+    constexpr T neg_inf = -std::numeric_limits<T>::infinity();
+    constexpr T pos_inf = std::numeric_limits<T>::infinity();
+    T row_maxes[width];
+    Eigen::internal::pstoreu(row_maxes, col_max);
+    bool rescale = false;
+    for (index_t i = c; i < c + width; ++i) {
+      const T row_max = row_maxes[i - c];
       bool poisoned = std::isnan(m(i)) || std::isnan(row_max) || row_max == pos_inf;
       for (index_t j = 0; !poisoned && row_max == neg_inf && j < n; ++j) poisoned = std::isnan(st[j * ld + i]);
-      if (poisoned) {  // NaN weights (s - NaN), as step fills the row
-        col_max[i] = m(i) = l(i) = alpha(i) = nan;
+      if (poisoned) {
+        poison_column(st, n, ld, i);
         rescale = true;
         continue;
       }
       const T m_new = std::max(m(i), row_max);
-      if (m_new == neg_inf) {  // nothing visible so far: weights 0 (-inf - inf), nothing to rescale
-        col_max[i] = pos_inf;
-        alpha(i) = T(1);
+      alpha(i) = T(1);
+      if (m_new == neg_inf) {  // nothing visible so far: weights 0, nothing to rescale
+        for (index_t j = 0; j < n; ++j) st[j * ld + i] = T(0);
         continue;
       }
       const T shift = m(i) - m_new;
       alpha(i) = shift < flush_below ? T(0) : std::exp(shift);
       rescale = rescale || alpha(i) != T(1);
-      col_max[i] = m_new;
-    }
-    // the weights of to_weights, a packet of rows at a time
-    const packet pc = in::pset1<packet>(flush_below), pw = in::pset1<packet>(flush_weight),
-                 zero = in::pset1<packet>(T(0));
-    for (index_t c = 0; c < ld; c += width) {
-      const packet pm = in::ploadu<packet>(col_max + c);
-      packet sum = zero;
+      T sum = 0;
       for (index_t j = 0; j < n; ++j) {
-        T* x = st + j * ld + c;
-        const packet w = in::pmax(in::psub(in::pexp(in::pmax(in::psub(in::ploadu<packet>(x), pm), pc)), pw), zero);
-        in::pstoreu(x, w);
-        sum = in::padd(sum, w);
+        T& x = st[j * ld + i];
+        x = std::max(std::exp(std::max(x - m_new, flush_below)) - flush_weight, T(0));
+        sum += x;
       }
-      in::pstoreu(sums + c, sum);
-    }
-    for (index_t i = 0; i < rows; ++i) {
-      if (std::isnan(m(i)) || col_max[i] == pos_inf) continue;  // poisoned, or nothing visible
-      l(i) = alpha(i) * l(i) + sums[i];
-      m(i) = col_max[i];
-      if (std::isnan(l(i))) {  // a NaN score the max did not report
-        for (index_t j = 0; j < n; ++j) st[j * ld + i] = nan;
-        m(i) = l(i) = alpha(i) = nan;
-        rescale = true;
-      }
+      l(i) = alpha(i) * l(i) + sum;
+      m(i) = m_new;
+      if (std::isnan(l(i))) poison_column(st, n, ld, i);
     }
     return rescale;
   }
 
+  /// Row i of a column-layout step becomes NaN: its weights, m, l and alpha.
+  void poison_column(T* st, index_t n, index_t ld, index_t i) {
+    constexpr T nan = std::numeric_limits<T>::quiet_NaN();
+    for (index_t j = 0; j < n; ++j) st[j * ld + i] = nan;
+    m(i) = l(i) = alpha(i) = nan;
+  }
+
+ public:
   /// Folds the sink logit into row i (header comment) and returns the factor by which the row's
   /// accumulators must be multiplied (exp(m_old - m_new); 1 when nothing changes). Also stored in
   /// alpha(i).
@@ -234,9 +265,12 @@ struct online_softmax {
   /// Writes row i of the result, acc / l: zeros when the row saw no key, NaN when it is poisoned.
   template <class Dst, class Acc>
   void finish_row(index_t i, Dst&& dst, const Acc& acc) const {
-    if (l(i) > T(0)) dst = acc * (T(1) / l(i));
-    else if (std::isnan(l(i))) dst.setConstant(l(i));
-    else dst.setZero();  // the row sees no key
+    if (l(i) > T(0))
+      dst = acc * (T(1) / l(i));
+    else if (std::isnan(l(i)))
+      dst.setConstant(l(i));
+    else
+      dst.setZero();  // the row sees no key
   }
 };
 
