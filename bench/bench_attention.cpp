@@ -20,6 +20,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pairs.hpp"
@@ -178,6 +179,33 @@ void decode_rows(benchmark::State& state) {
   state.counters["of_triad"] = static_cast<double>(kv_bytes) * iters / sec / triad;
 }
 
+// 4 new query rows against 1, on the same cache (GQA 32/8, d = 128, causal), in back-to-back pairs:
+// counter four_over_one, the median of time(4 rows) / time(1 row). The decode step's bytes do not
+// grow with the rows, its arithmetic grows 4x (docs/performance.md › Decode).
+template <class KV>
+void decode_rows_ratio(benchmark::State& state) {
+  const Index Lk = state.range(0), threads = state.range(1);
+  constexpr Index H = 32, Hkv = 8, d = 128;
+  const auto q = random_vector(static_cast<std::size_t>(4 * H * d), 1);
+  const auto k = stored_as<KV>(random_vector(static_cast<std::size_t>(Lk * Hkv * d), 2));
+  const auto v = stored_as<KV>(random_vector(static_cast<std::size_t>(Lk * Hkv * d), 3));
+  std::vector<float> out(q.size());
+  const auto pool = make_pool(threads);
+  auto step = [&](Index rows) {
+    posenc::attention_options opt;
+    opt.causal = true;
+    opt.q_offset = Lk - rows;
+    opt.pool = pool.get();
+    posenc::attention<float>(posenc::bshd<const float>(q.data(), 1, rows, H, d),
+                             posenc::bshd<const KV>(k.data(), 1, Lk, Hkv, d),
+                             posenc::bshd<const KV>(v.data(), 1, Lk, Hkv, d), posenc::bshd(out.data(), 1, rows, H, d),
+                             posenc::no_position{}, opt);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  };
+  state.counters["four_over_one"] = bench_util::median_pair_ratio(state, [&] { step(1); }, [&] { step(4); });
+}
+
 // Runs f(head) for the 8 heads, on `threads` threads (heads split evenly, no pool overhead inside).
 template <class F>
 void for_heads(Eigen::ThreadPool* pool, F&& f) {
@@ -321,6 +349,16 @@ void register_decode(const char* kv) {
   register_decode<float>("f32");
   register_decode<Eigen::half>("f16");
   register_decode<Eigen::bfloat16>("bf16");
+  using bench_fn = void (*)(benchmark::State&);
+  for (const auto& [name, fn] : {std::pair<const char*, bench_fn>{"BM_decode_rows_ratio/kv:f32", decode_rows_ratio<float>},
+                                 std::pair<const char*, bench_fn>{"BM_decode_rows_ratio/kv:f16",
+                                                                  decode_rows_ratio<Eigen::half>}})
+    benchmark::RegisterBenchmark(name, fn)
+        ->ArgsProduct({{4096}, {1, 2}})
+        ->ArgNames({"Lk", "threads"})
+        ->Unit(benchmark::kMicrosecond)
+        ->UseManualTime()
+        ->MinTime(1.0);
   return true;
 }();
 BENCHMARK(BM_gemm_qkT)->Apply(gemm_args)->ArgNames({"L", "d", "causal", "threads"})->Unit(benchmark::kMillisecond)->UseRealTime();
