@@ -11,8 +11,9 @@
 //                  the partial results are merged in segment order: bitwise the same for any pool.
 //   operand supply the caller's key and value rows in place, f16 / bf16 widened inside the products'
 //                  loads (decode_kernels.hpp kv_packets); staged a tile at a time only for an encoding
-//                  that rotates keys or an ISA without in-register widening. No software prefetch:
-//                  the hardware prefetchers follow the tile order, and prefetching the next tile
+//                  that rotates keys or an ISA without in-register widening. With an f16 / bf16
+//                  cache the row layout's products prefetch the rows 16 keys ahead of the ones they
+//                  read, packet by packet (cache_ahead); prefetching the next tile in a burst
 //                  measured slower (f32, 1 row: 1.65 -> 2.0 ms).
 //   tile math      S = scale Q K^T, the encoding's score terms and bias per query head, masks, online
 //                  softmax, O += P V; per segment (O, m, l) are kept and merged exactly at the end (the
@@ -196,11 +197,21 @@ class decode_attention {
   /// rows widened in place 3.3-3.7 ms either way.
   [[nodiscard]] bool stage_stored_rows() const { return std::is_same_v<KV, T> && rows_ > 4; }
 
+  /// Rows ahead of the ones read that the row layout's products prefetch in the cache
+  /// (decode_kernels.hpp decode_prefetch_rows): for f16 / bf16 caches only. An f32 cache measured
+  /// 1.02-1.07x slower with it (Zen 5 VM, 1 row, Lk = 4096 and 32768, 1 and 2 threads, paired runs),
+  /// f16 and bf16 0.77-0.82x.
+  static constexpr index_t cache_ahead = std::is_same_v<KV, T> ? 0 : decode_prefetch_rows;
+
   /// Rows of K or V as the products read them: in the cache (E = KV) or staged (E = T).
   template <class E>
   struct rows_ref {
     const E* data;
     index_t stride;
+    bool in_cache;  ///< the caller's cache rows (the products prefetch ahead in them), not a staged copy
+
+    /// Rows ahead the products prefetch: none in a staged copy (cache_ahead).
+    [[nodiscard]] index_t ahead() const { return in_cache ? cache_ahead : 0; }
   };
 
   /// Whether a tile's scores are computed across the kv heads a few keys at a time, reading the key
@@ -221,14 +232,14 @@ class decode_attention {
     else
       for (index_t hk = 0; hk < kv_heads_; ++hk) {
         const auto k = key_rows(b, hk, blk, sc);
-        row_dots(group(sc, hk).q_scaled.data(), dim_, G, k.data, k.stride, n, dim_, scores + hk * G * n, n);
+        row_dots(group(sc, hk).q_scaled.data(), dim_, G, k.data, k.stride, n, dim_, scores + hk * G * n, n, k.ahead());
         finish_scores(b, hk, blk, k, scores + hk * G * n, group(sc, hk), sc);
       }
     // values head by head: summing them across the kv heads a few keys at a time, in address order as
     // the scores, measured the same (f16 and f32 cache, 1 row, Lk = 4096, chunks of 4, 8 and 16 keys)
     for (index_t hk = 0; hk < kv_heads_; ++hk) {
       const auto v = value_rows(b, hk, blk, sc);
-      add_weighted(scores + hk * G * n, n, G, v.data, v.stride, n, vdim_, group(sc, hk).acc.data(), vdim_);
+      add_weighted(scores + hk * G * n, n, G, v.data, v.stride, n, vdim_, group(sc, hk).acc.data(), vdim_, v.ahead());
     }
   }
 
@@ -275,7 +286,7 @@ class decode_attention {
   rows_ref<T> column_key_rows(index_t b, index_t hk, const key_block& blk, decode_scratch<T>& sc) const {
     if constexpr (std::is_same_v<KV, T> && !transforms_keys) {
       (void)sc;
-      return rows_ref<T>{k_.row(b, blk.first, hk), k_.token_stride()};
+      return rows_ref<T>{k_.row(b, blk.first, hk), k_.token_stride(), true};
     } else {
       T* dst = grow(sc.k_work, blk.cols * dim_);
       stage_rows(k_.row(b, blk.first, hk), k_.token_stride(), blk.cols, dim_, dst);
@@ -283,7 +294,7 @@ class decode_attention {
         enc_.transform_qk(qk_role::key, hk,
                           std::span<const std::int64_t>(masks_.kp(b) + blk.first, static_cast<std::size_t>(blk.cols)),
                           matrix_map<T>(dst, blk.cols, dim_, Eigen::OuterStride<>(dim_)));
-      return rows_ref<T>{dst, dim_};
+      return rows_ref<T>{dst, dim_, false};
     }
   }
 
@@ -295,9 +306,9 @@ class decode_attention {
       for (index_t j = 0; j < n; j += dot_block_keys)
         for (index_t hk = 0; hk < kv_heads_; ++hk)
           row_dots(group(sc, hk).q_scaled.data(), dim_, G, k_.row(b, blk.first + j, hk), k_.token_stride(),
-                   std::min<index_t>(dot_block_keys, n - j), dim_, scores + hk * G * n + j, n);
+                   std::min<index_t>(dot_block_keys, n - j), dim_, scores + hk * G * n + j, n, cache_ahead);
       for (index_t hk = 0; hk < kv_heads_; ++hk)
-        finish_scores(b, hk, blk, rows_ref<KV>{k_.row(b, blk.first, hk), k_.token_stride()}, scores + hk * G * n,
+        finish_scores(b, hk, blk, rows_ref<KV>{k_.row(b, blk.first, hk), k_.token_stride(), true}, scores + hk * G * n,
                       group(sc, hk), sc);
     }
   }
@@ -373,13 +384,13 @@ class decode_attention {
   auto cache_rows(const heads_view<const KV>& x, index_t dim, index_t b, index_t hk, const key_block& blk,
                   Buffer& buffer) const {
     if constexpr (direct && !std::is_same_v<KV, T>) {
-      return rows_ref<KV>{x.row(b, blk.first, hk), x.token_stride()};
+      return rows_ref<KV>{x.row(b, blk.first, hk), x.token_stride(), true};
     } else {
       if constexpr (direct)
-        if (!stage_stored_rows()) return rows_ref<T>{x.row(b, blk.first, hk), x.token_stride()};
+        if (!stage_stored_rows()) return rows_ref<T>{x.row(b, blk.first, hk), x.token_stride(), true};
       T* dst = grow(buffer, blk.cols * dim);
       stage_rows(x.row(b, blk.first, hk), x.token_stride(), blk.cols, dim, dst);
-      return rows_ref<T>{dst, dim};
+      return rows_ref<T>{dst, dim, false};
     }
   }
 
