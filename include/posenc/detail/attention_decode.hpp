@@ -208,10 +208,10 @@ class decode_attention {
   struct rows_ref {
     const E* data;
     index_t stride;
-    bool in_cache;  ///< the caller's cache rows (the products prefetch ahead in them), not a staged copy
 
-    /// Rows ahead the products prefetch: none in a staged copy (cache_ahead).
-    [[nodiscard]] index_t ahead() const { return in_cache ? cache_ahead : 0; }
+    /// Rows ahead the products prefetch (cache_ahead): rows of KV are the cache's own; rows of T are
+    /// an f32 cache (no prefetch) or a staged copy (none needed).
+    [[nodiscard]] static constexpr index_t ahead() { return std::is_same_v<E, KV> ? cache_ahead : 0; }
   };
 
   /// Whether a tile's scores are computed across the kv heads a few keys at a time, reading the key
@@ -286,7 +286,7 @@ class decode_attention {
   rows_ref<T> column_key_rows(index_t b, index_t hk, const key_block& blk, decode_scratch<T>& sc) const {
     if constexpr (std::is_same_v<KV, T> && !transforms_keys) {
       (void)sc;
-      return rows_ref<T>{k_.row(b, blk.first, hk), k_.token_stride(), true};
+      return rows_ref<T>{k_.row(b, blk.first, hk), k_.token_stride()};
     } else {
       T* dst = grow(sc.k_work, blk.cols * dim_);
       stage_rows(k_.row(b, blk.first, hk), k_.token_stride(), blk.cols, dim_, dst);
@@ -294,7 +294,7 @@ class decode_attention {
         enc_.transform_qk(qk_role::key, hk,
                           std::span<const std::int64_t>(masks_.kp(b) + blk.first, static_cast<std::size_t>(blk.cols)),
                           matrix_map<T>(dst, blk.cols, dim_, Eigen::OuterStride<>(dim_)));
-      return rows_ref<T>{dst, dim_, false};
+      return rows_ref<T>{dst, dim_};
     }
   }
 
@@ -308,7 +308,7 @@ class decode_attention {
           row_dots(group(sc, hk).q_scaled.data(), dim_, G, k_.row(b, blk.first + j, hk), k_.token_stride(),
                    std::min<index_t>(dot_block_keys, n - j), dim_, scores + hk * G * n + j, n, cache_ahead);
       for (index_t hk = 0; hk < kv_heads_; ++hk)
-        finish_scores(b, hk, blk, rows_ref<KV>{k_.row(b, blk.first, hk), k_.token_stride(), true}, scores + hk * G * n,
+        finish_scores(b, hk, blk, rows_ref<KV>{k_.row(b, blk.first, hk), k_.token_stride()}, scores + hk * G * n,
                       group(sc, hk), sc);
     }
   }
@@ -384,13 +384,13 @@ class decode_attention {
   auto cache_rows(const heads_view<const KV>& x, index_t dim, index_t b, index_t hk, const key_block& blk,
                   Buffer& buffer) const {
     if constexpr (direct && !std::is_same_v<KV, T>) {
-      return rows_ref<KV>{x.row(b, blk.first, hk), x.token_stride(), true};
+      return rows_ref<KV>{x.row(b, blk.first, hk), x.token_stride()};
     } else {
       if constexpr (direct)
-        if (!stage_stored_rows()) return rows_ref<T>{x.row(b, blk.first, hk), x.token_stride(), true};
+        if (!stage_stored_rows()) return rows_ref<T>{x.row(b, blk.first, hk), x.token_stride()};
       T* dst = grow(buffer, blk.cols * dim);
       stage_rows(x.row(b, blk.first, hk), x.token_stride(), blk.cols, dim, dst);
-      return rows_ref<T>{dst, dim, false};
+      return rows_ref<T>{dst, dim};
     }
   }
 
