@@ -13,7 +13,7 @@
 //                  loads (decode_kernels.hpp kv_packets); staged a tile at a time only for an encoding
 //                  that rotates keys or an ISA without in-register widening. With an f16 / bf16
 //                  cache the row layout's products prefetch the rows 16 keys ahead of the ones they
-//                  read, packet by packet (cache_ahead); prefetching the next tile in a burst
+//                  read, once per line (cache_ahead); prefetching the next tile in a burst
 //                  measured slower (f32, 1 row: 1.65 -> 2.0 ms).
 //   tile math      S = scale Q K^T, the encoding's score terms and bias per query head, masks, online
 //                  softmax, O += P V; per segment (O, m, l) are kept and merged exactly at the end (the

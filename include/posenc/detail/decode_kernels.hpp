@@ -19,7 +19,6 @@
 #pragma once
 
 #include <algorithm>
-#include <cstdint>
 #include <type_traits>
 #include <utility>
 
@@ -29,7 +28,7 @@
 #include <immintrin.h>
 #endif
 
-#include "posenc/detail/platform.hpp"
+#include "posenc/detail/prefetch.hpp"
 #include "posenc/tensor.hpp"
 
 namespace posenc::detail {
@@ -91,19 +90,20 @@ struct kv_packets<Eigen::bfloat16, float> {
 #endif
 
 /// Rows ahead of the one being read that row_dots and add_weighted prefetch into L2 when they read a
-/// half-precision cache in place: each packet load of row j prefetches the same packet of row j + 16
-/// of the same head, whose rows are 1-2 KiB apart in BSHD, runs the hardware prefetchers do not
-/// follow across pages. Measured on a Zen 5 VM (1 row, GQA 32/8, d = 128, one core, paired calls,
-/// time with / without): f16 Lk = 32768 0.71-0.76 (4, 8, 16, 32 or 64 rows ahead alike), Lk = 4096
-/// 0.77-0.82; bf16 0.71-0.82; with the cache in L2 (Lk = 128) 1.07 (docs/performance.md › Decode).
+/// half-precision cache in place: reading row j, they prefetch the same line of row j + 16 of the same
+/// head, once per 64-byte line. A head's rows are 1-2 KiB apart in BSHD, short runs that the hardware
+/// prefetchers do not follow across pages. Measured on a Zen 5 VM (1 row, GQA 32/8, d = 128, one
+/// core, paired calls, time with / without, a prefetch per packet): f16 Lk = 32768 0.71-0.80 (4 to
+/// 64 rows ahead alike), Lk = 4096 0.77-0.94; bf16 0.71-0.82; with the cache in L2 (Lk = 128) 1.07;
+/// once per line then took 0.87-0.97 of once per packet (docs/performance.md › Decode).
 inline constexpr index_t decode_prefetch_rows = 16;
 
-/// Prefetches into L2 the element `ahead` rows of `stride` past p, by address arithmetic: past the
-/// last row it names no element (a prefetch never faults) and forms no out-of-range pointer.
-template <class E>
-inline void prefetch_ahead(const E* p, index_t ahead, index_t stride) {
-  const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(p) + static_cast<std::uintptr_t>(ahead * stride) * sizeof(E);
-  prefetch<0, 2>(reinterpret_cast<const void*>(at));
+/// Whether the packet at element t of a row starts a new 64-byte span of it: the products prefetch
+/// once per span, not once per packet (a packet of f16 is half a line).
+template <class T, class KV>
+constexpr bool starts_line(index_t t) {
+  constexpr index_t packets_per_line = std::max<index_t>(1, 64 / (packet_of<T>::width * index_t{sizeof(KV)}));
+  return (t / packet_of<T>::width) % packets_per_line == 0;
 }
 
 /// One stored K/V value as T (the scalar tails of the products).
@@ -164,8 +164,8 @@ inline void row_dots_block(const T* q, index_t q_stride, const KV* k, index_t k_
   for (index_t t = 0; t < dv; t += W) {
     P kp[J];
     for (int j = 0; j < J; ++j) kp[j] = kv_packets<KV, T>::load(k + j * k_stride + t);
-    if (ahead > 0)
-      for (int j = 0; j < J; ++j) prefetch_ahead(k + j * k_stride + t, ahead, k_stride);
+    if (ahead > 0 && starts_line<T, KV>(t))
+      for (int j = 0; j < J; ++j) prefetch_rows_ahead(k + j * k_stride + t, ahead, k_stride);
     for (int r = 0; r < R; ++r) {
       const P qp = in::ploadu<P>(q + r * q_stride + t);
       for (int j = 0; j < J; ++j) acc[r][j] = in::pmadd(qp, kp[j], acc[r][j]);
@@ -400,7 +400,8 @@ inline void add_weighted_block(const T* p, index_t p_stride, const KV* v, index_
     P vp[N];
     for (int i = 0; i < N; ++i) vp[i] = kv_packets<KV, T>::load(v + j * v_stride + i * W);
     if (ahead > 0)
-      for (int i = 0; i < N; ++i) prefetch_ahead(v + j * v_stride + i * W, ahead, v_stride);
+      for (int i = 0; i < N; ++i)
+        if (starts_line<T, KV>(i * W)) prefetch_rows_ahead(v + j * v_stride + i * W, ahead, v_stride);
     for (int r = 0; r < R; ++r) {
       const P w = in::pset1<P>(p[r * p_stride + j]);
       for (int i = 0; i < N; ++i) acc[r][i] = in::pmadd(w, vp[i], acc[r][i]);

@@ -35,6 +35,15 @@ inline void prefetch_bytes(const void* p, index_t bytes, bool for_write) {
 /// (docs/performance.md › Prefetch).
 inline void prefetch_bytes_l1(const void* p, index_t bytes) { prefetch_lines<0, 3>(p, bytes); }
 
+/// Prefetches into L2 the element `rows` rows of `stride` elements past p (a strided run read ahead of
+/// time), by address arithmetic: past the last row it names no element (a prefetch never faults)
+/// and forms no out-of-range pointer.
+template <class E>
+inline void prefetch_rows_ahead(const E* p, index_t rows, index_t stride) {
+  const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(p) + static_cast<std::uintptr_t>(rows * stride) * sizeof(E);
+  prefetch<0, 2>(reinterpret_cast<const void*>(at));
+}
+
 /// Prefetches every row of a strided row-major matrix map.
 template <class M>
 void prefetch_rows(const M& m, bool for_write) {
