@@ -11,9 +11,9 @@
 //                  the partial results are merged in segment order: bitwise the same for any pool.
 //   operand supply the caller's key and value rows in place, f16 / bf16 widened inside the products'
 //                  loads (decode_kernels.hpp kv_packets); staged a tile at a time only for an encoding
-//                  that rotates keys or an ISA without in-register widening. With an f16 / bf16
-//                  cache the row layout's products prefetch the rows 16 keys ahead of the ones they
-//                  read, once per line (cache_ahead); prefetching the next tile in a burst
+//                  that rotates keys or an ISA without in-register widening. The products prefetch
+//                  the cache rows one tile (32 keys) ahead of the ones they read, once per line, at
+//                  the pace they read (decode_prefetch_rows); prefetching the next tile in a burst
 //                  measured slower (f32, 1 row: 1.65 -> 2.0 ms).
 //   tile math      S = scale Q K^T, the encoding's score terms and bias per query head, masks, online
 //                  softmax, O += P V; per segment (O, m, l) are kept and merged exactly at the end (the
@@ -73,6 +73,9 @@ struct decode_scratch {
   };
   std::vector<group_state> groups;  ///< per kv head
   buffer k_work, v_work, scores, score_rows;
+  /// Rows ahead the products prefetch in the cache during the current tile: decode_prefetch_rows when
+  /// the item reads the adjacent tile next, else 0 (no lines past its keys or the cache's end).
+  index_t ahead = 0;
   std::vector<std::int64_t> q_pos;  ///< query positions, repeated for each head of the group
 };
 
@@ -132,8 +135,12 @@ class decode_attention {
     }
     const index_t t0 = seg * decode_segment_keys / decode_tile_keys;
     const index_t t1 = std::min(tiles_per_row_, (seg + 1) * decode_segment_keys / decode_tile_keys);
-    for (index_t ti = first_seen_tile(b, t0, t1); ti < t1; ti = first_seen_tile(b, ti + 1, t1))
+    for (index_t ti = first_seen_tile(b, t0, t1); ti < t1;) {
+      const index_t next = first_seen_tile(b, ti + 1, t1);
+      sc.ahead = next == ti + 1 && prefetches() ? decode_prefetch_rows : 0;
       run_tile(b, key_tile(b, ti), sc);
+      ti = next;
+    }
     for (index_t hk = 0; hk < kv_heads_; ++hk) {
       const auto& gs = sc.groups[static_cast<std::size_t>(hk)];
       const index_t part = ((b * kv_heads_ + hk) * segments_ + seg) * G;
@@ -197,22 +204,26 @@ class decode_attention {
   /// rows widened in place 3.3-3.7 ms either way.
   [[nodiscard]] bool stage_stored_rows() const { return std::is_same_v<KV, T> && rows_ > 4; }
 
-  /// Rows ahead of the ones read that the row layout's products prefetch in the cache
-  /// (decode_kernels.hpp decode_prefetch_rows): for f16 / bf16 caches only. An f32 cache measured
-  /// 1.02-1.07x slower with it (Zen 5 VM, 1 row, Lk = 4096 and 32768, 1 and 2 threads, paired runs),
-  /// f16 and bf16 0.77-0.82x.
-  static constexpr index_t cache_ahead = std::is_same_v<KV, T> ? 0 : decode_prefetch_rows;
+  /// Whether the products prefetch the cache rows (decode_prefetch_rows). Not for an f32 cache in the
+  /// row layout (at most 4 rows per kv head): there the arithmetic per byte is low, and the prefetch
+  /// measured 0.95-1.03x the time from DRAM (Lk = 4096 and 32768) but 1.12-1.19x with the cache in
+  /// L2 / L3 (Lk = 256 to 1024); the column layout 0.76-0.88x, f16 / bf16 0.87-0.96x (Zen 5 VM).
+  [[nodiscard]] bool prefetches() const { return !std::is_same_v<KV, T> || column_scores(); }
 
-  /// Rows of K or V as the products read them: in the cache (E = KV) or staged (E = T).
+  /// Rows of K or V as the products read them: in the cache (stored as KV, or as T when that is the
+  /// cache's type) or staged in T; `ahead` rows of the same head are prefetched for the cache's rows
+  /// (decode_kernels.hpp decode_prefetch_rows, decode_scratch::ahead), none for a staged copy.
   template <class E>
   struct rows_ref {
     const E* data;
     index_t stride;
-
-    /// Rows ahead the products prefetch (cache_ahead): rows of KV are the cache's own; rows of T are
-    /// an f32 cache (no prefetch) or a staged copy (none needed).
-    [[nodiscard]] static constexpr index_t ahead() { return std::is_same_v<E, KV> ? cache_ahead : 0; }
+    index_t ahead = 0;
   };
+  /// The cache's rows of one kv head from key `first` of a tile, prefetched ahead by the products.
+  template <class E>
+  static rows_ref<E> in_cache(const heads_view<const KV>& x, index_t b, index_t first, index_t hk, index_t ahead) {
+    return rows_ref<E>{x.row(b, first, hk), x.token_stride(), ahead};
+  }
 
   /// Whether a tile's scores are computed across the kv heads a few keys at a time, reading the key
   /// rows in place: in BSHD the rows of all kv heads of a key are one contiguous run, so the tile's
@@ -232,14 +243,14 @@ class decode_attention {
     else
       for (index_t hk = 0; hk < kv_heads_; ++hk) {
         const auto k = key_rows(b, hk, blk, sc);
-        row_dots(group(sc, hk).q_scaled.data(), dim_, G, k.data, k.stride, n, dim_, scores + hk * G * n, n, k.ahead());
+        row_dots(group(sc, hk).q_scaled.data(), dim_, G, k.data, k.stride, n, dim_, scores + hk * G * n, n, k.ahead);
         finish_scores(b, hk, blk, k, scores + hk * G * n, group(sc, hk), sc);
       }
     // values head by head: summing them across the kv heads a few keys at a time, in address order as
     // the scores, measured the same (f16 and f32 cache, 1 row, Lk = 4096, chunks of 4, 8 and 16 keys)
     for (index_t hk = 0; hk < kv_heads_; ++hk) {
       const auto v = value_rows(b, hk, blk, sc);
-      add_weighted(scores + hk * G * n, n, G, v.data, v.stride, n, vdim_, group(sc, hk).acc.data(), vdim_, v.ahead());
+      add_weighted(scores + hk * G * n, n, G, v.data, v.stride, n, vdim_, group(sc, hk).acc.data(), vdim_, v.ahead);
     }
   }
 
@@ -253,7 +264,7 @@ class decode_attention {
       auto& gs = group(sc, hk);
       T* st = scores + hk * n * lanes;
       const auto k = column_key_rows(b, hk, blk, sc);
-      column_dots(gs.q_cols.data(), lanes, dim_, k.data, k.stride, n, st, lanes);
+      column_dots(gs.q_cols.data(), lanes, dim_, k.data, k.stride, n, st, lanes, k.ahead);
       if (needs_row_scores(b, blk)) {
         T* s = grow(sc.score_rows, G * n);
         transpose_into(st, lanes, G, n, s, n);
@@ -268,10 +279,11 @@ class decode_attention {
       const T* alpha = gs.rescale ? gs.softmax.alpha.data() : nullptr;
       if constexpr (values_direct) {
         add_weighted_rows(scores + hk * n * lanes, lanes, G, v_.row(b, blk.first, hk), v_.token_stride(), n, vdim_,
-                          gs.acc.data(), vdim_, alpha);
+                          gs.acc.data(), vdim_, alpha, sc.ahead);
       } else {
         const auto v = value_rows(b, hk, blk, sc);
-        add_weighted_rows(scores + hk * n * lanes, lanes, G, v.data, v.stride, n, vdim_, gs.acc.data(), vdim_, alpha);
+        add_weighted_rows(scores + hk * n * lanes, lanes, G, v.data, v.stride, n, vdim_, gs.acc.data(), vdim_, alpha,
+                          v.ahead);
       }
     }
   }
@@ -286,7 +298,7 @@ class decode_attention {
   rows_ref<T> column_key_rows(index_t b, index_t hk, const key_block& blk, decode_scratch<T>& sc) const {
     if constexpr (std::is_same_v<KV, T> && !transforms_keys) {
       (void)sc;
-      return rows_ref<T>{k_.row(b, blk.first, hk), k_.token_stride()};
+      return in_cache<T>(k_, b, blk.first, hk, sc.ahead);
     } else {
       T* dst = grow(sc.k_work, blk.cols * dim_);
       stage_rows(k_.row(b, blk.first, hk), k_.token_stride(), blk.cols, dim_, dst);
@@ -306,10 +318,9 @@ class decode_attention {
       for (index_t j = 0; j < n; j += dot_block_keys)
         for (index_t hk = 0; hk < kv_heads_; ++hk)
           row_dots(group(sc, hk).q_scaled.data(), dim_, G, k_.row(b, blk.first + j, hk), k_.token_stride(),
-                   std::min<index_t>(dot_block_keys, n - j), dim_, scores + hk * G * n + j, n, cache_ahead);
+                   std::min<index_t>(dot_block_keys, n - j), dim_, scores + hk * G * n + j, n, sc.ahead);
       for (index_t hk = 0; hk < kv_heads_; ++hk)
-        finish_scores(b, hk, blk, rows_ref<KV>{k_.row(b, blk.first, hk), k_.token_stride()}, scores + hk * G * n,
-                      group(sc, hk), sc);
+        finish_scores(b, hk, blk, in_cache<KV>(k_, b, blk.first, hk, sc.ahead), scores + hk * G * n, group(sc, hk), sc);
     }
   }
 
@@ -379,15 +390,15 @@ class decode_attention {
   }
 
   /// A tile's rows of K or V (`x`, `dim` wide): in the cache when `direct` allows it (and, stored in T,
-  /// for at most 4 rows per kv head), else staged in T into `buffer`.
+  /// for at most 4 rows per kv head), else staged in T into `buffer`; the cache's rows carry `ahead`.
   template <bool direct, class Buffer>
   auto cache_rows(const heads_view<const KV>& x, index_t dim, index_t b, index_t hk, const key_block& blk,
-                  Buffer& buffer) const {
+                  Buffer& buffer, index_t ahead) const {
     if constexpr (direct && !std::is_same_v<KV, T>) {
-      return rows_ref<KV>{x.row(b, blk.first, hk), x.token_stride()};
+      return in_cache<KV>(x, b, blk.first, hk, ahead);
     } else {
       if constexpr (direct)
-        if (!stage_stored_rows()) return rows_ref<T>{x.row(b, blk.first, hk), x.token_stride()};
+        if (!stage_stored_rows()) return in_cache<T>(x, b, blk.first, hk, ahead);
       T* dst = grow(buffer, blk.cols * dim);
       stage_rows(x.row(b, blk.first, hk), x.token_stride(), blk.cols, dim, dst);
       return rows_ref<T>{dst, dim};
@@ -397,7 +408,7 @@ class decode_attention {
   /// A tile's key rows (cache_rows); staged keys are rotated in the staging buffer when the encoding
   /// rotates keys (keys_direct is false then).
   auto key_rows(index_t b, index_t hk, const key_block& blk, decode_scratch<T>& sc) const {
-    const auto k = cache_rows<keys_direct>(k_, dim_, b, hk, blk, sc.k_work);
+    const auto k = cache_rows<keys_direct>(k_, dim_, b, hk, blk, sc.k_work, sc.ahead);
     if constexpr (transforms_keys)
       enc_.transform_qk(qk_role::key, hk,
                         std::span<const std::int64_t>(masks_.kp(b) + blk.first, static_cast<std::size_t>(blk.cols)),
@@ -406,7 +417,7 @@ class decode_attention {
   }
 
   auto value_rows(index_t b, index_t hk, const key_block& blk, decode_scratch<T>& sc) const {
-    return cache_rows<values_direct>(v_, vdim_, b, hk, blk, sc.v_work);
+    return cache_rows<values_direct>(v_, vdim_, b, hk, blk, sc.v_work, sc.ahead);
   }
 
   [[nodiscard]] const key_block& key_tile(index_t b, index_t ti) const {

@@ -89,14 +89,17 @@ struct kv_packets<Eigen::bfloat16, float> {
 };
 #endif
 
-/// Rows ahead of the one being read that row_dots and add_weighted prefetch into L2 when they read a
-/// half-precision cache in place: reading row j, they prefetch the same line of row j + 16 of the same
-/// head, once per 64-byte line. A head's rows are 1-2 KiB apart in BSHD, short runs that the hardware
-/// prefetchers do not follow across pages. Measured on a Zen 5 VM (1 row, GQA 32/8, d = 128, one
-/// core, paired calls, time with / without, a prefetch per packet): f16 Lk = 32768 0.71-0.80 (4 to
-/// 64 rows ahead alike), Lk = 4096 0.77-0.94; bf16 0.71-0.82; with the cache in L2 (Lk = 128) 1.07;
-/// once per line then took 0.87-0.97 of once per packet (docs/performance.md › Decode).
-inline constexpr index_t decode_prefetch_rows = 16;
+/// Rows ahead of the one being read that the products prefetch into L2 when they read the cache in
+/// place: reading row j of a kv head, they prefetch the same line of row j + 32 of that head (the next
+/// tile's, decode_tile_keys), once per 64-byte line, at the pace they read. A head's rows are 0.5-4 KiB
+/// apart in BSHD, short runs the hardware prefetchers do not carry across pages: without it a step
+/// from DRAM costs the reads plus the arithmetic, not the larger of the two (Zen 5 VM: a loop of
+/// register-only FMAs reading in the kernel's order took 0.35-0.46 us per key against 0.18 in L2;
+/// with this prefetch 0.24-0.25). Paired calls, time with / without (GQA 32/8, d = 128, one core):
+/// f32 4 rows (column layout) Lk = 4096 0.76-0.88, Lk = 32768 0.78; f16 4 rows 0.86; f16 1 row, 32
+/// rows ahead against 16: 0.96 (4096), 0.87 (32768). The f32 row layout goes without
+/// (attention_decode.hpp prefetches()).
+inline constexpr index_t decode_prefetch_rows = 32;
 
 /// Whether the packet at element t of a row starts a new 64-byte span of it: the products prefetch
 /// once per span, not once per packet (a packet of f16 is half a line).
@@ -262,7 +265,7 @@ inline constexpr int column_block_keys = 4;
 /// KB keys of column_dots: acc[j] = sum_t k_j[t] qc[t], the dimension unrolled by 4 so that the key
 /// rows are addressed by their pointer plus a constant (one index update per 4 x KB FMAs).
 template <int KB, int NP, class T>
-inline void column_dots_block(const T* qc, index_t d, const T* k, index_t k_stride, T* st, index_t ld) {
+inline void column_dots_block(const T* qc, index_t d, const T* k, index_t k_stride, T* st, index_t ld, index_t ahead) {
   using P = typename packet_of<T>::type;
   constexpr index_t W = packet_of<T>::width, L = NP * W;
   namespace in = Eigen::internal;
@@ -284,7 +287,10 @@ inline void column_dots_block(const T* qc, index_t d, const T* k, index_t k_stri
     }
   };
   index_t t = 0;
+  constexpr index_t line = 64 / index_t{sizeof(T)};
   for (; t + 4 <= d; t += 4) {
+    if (ahead > 0 && t % line == 0)
+      for (int j = 0; j < KB; ++j) prefetch_rows_ahead(kr[j] + t, ahead, k_stride);
     step(t);
     step(t + 1);
     step(t + 2);
@@ -296,23 +302,24 @@ inline void column_dots_block(const T* qc, index_t d, const T* k, index_t k_stri
 }
 
 template <int NP, class T>
-void column_dots_n(const T* qc, index_t d, const T* k, index_t k_stride, index_t cols, T* st, index_t ld) {
+void column_dots_n(const T* qc, index_t d, const T* k, index_t k_stride, index_t cols, T* st, index_t ld,
+                   index_t ahead) {
   constexpr int KB = column_block_keys / NP;
   index_t j = 0;
-  for (; j + KB <= cols; j += KB) column_dots_block<KB, NP>(qc, d, k + j * k_stride, k_stride, st + j * ld, ld);
-  for (; j < cols; ++j) column_dots_block<1, NP>(qc, d, k + j * k_stride, k_stride, st + j * ld, ld);
+  for (; j + KB <= cols; j += KB) column_dots_block<KB, NP>(qc, d, k + j * k_stride, k_stride, st + j * ld, ld, ahead);
+  for (; j < cols; ++j) column_dots_block<1, NP>(qc, d, k + j * k_stride, k_stride, st + j * ld, ld, ahead);
 }
 
 /// S^T (cols x lanes, row stride ld: row j holds key j's scores for every query row) = K Q^T, from
 /// qc = Q^T [d x lanes] (query rows as lanes, zero padded to lanes = 1 or 2 packets) and K (cols x d)
-/// rows of T.
+/// rows of T; `ahead` > 0 prefetches the key rows that many rows further (decode_prefetch_rows).
 template <class T>
-void column_dots(const T* qc, index_t lanes, index_t d, const T* k, index_t k_stride, index_t cols, T* st,
-                 index_t ld) {
+void column_dots(const T* qc, index_t lanes, index_t d, const T* k, index_t k_stride, index_t cols, T* st, index_t ld,
+                 index_t ahead = 0) {
   if (lanes == packet_of<T>::width)
-    column_dots_n<1>(qc, d, k, k_stride, cols, st, ld);
+    column_dots_n<1>(qc, d, k, k_stride, cols, st, ld, ahead);
   else
-    column_dots_n<2>(qc, d, k, k_stride, cols, st, ld);
+    column_dots_n<2>(qc, d, k, k_stride, cols, st, ld, ahead);
 }
 
 /// dst[r dst_stride + j] = src[j src_stride + r] for r < rows, j < cols (the column layout's scores
@@ -346,7 +353,7 @@ inline void with_rows(index_t r, F&& f) {
 /// `cols` keys.
 template <int R, class T, class KV>
 inline void add_weighted_rows_block(const T* pt, index_t ld, const KV* v, index_t v_stride, index_t cols, index_t dv,
-                                    T* o, index_t o_stride, const T* alpha) {
+                                    T* o, index_t o_stride, const T* alpha, index_t ahead) {
   using P = typename packet_of<T>::type;
   constexpr index_t W = packet_of<T>::width;
   namespace in = Eigen::internal;
@@ -358,6 +365,7 @@ inline void add_weighted_rows_block(const T* pt, index_t ld, const KV* v, index_
       for (int r = 0; r < R; ++r) acc[r] = in::pmul(acc[r], in::pset1<P>(alpha[r]));
     for (index_t j = 0; j < cols; ++j) {
       const P vp = kv_packets<KV, T>::load(v + j * v_stride + t);
+      if (ahead > 0 && starts_line<T, KV>(t)) prefetch_rows_ahead(v + j * v_stride + t, ahead, v_stride);
       const T* w = pt + j * ld;
       for (int r = 0; r < R; ++r) acc[r] = in::pmadd(in::pset1<P>(w[r]), vp, acc[r]);
     }
@@ -373,15 +381,16 @@ inline void add_weighted_rows_block(const T* pt, index_t ld, const KV* v, index_
 
 /// O (rows x dv, row stride o_stride) = diag(alpha) O + P V with P given as P^T (cols x rows, row
 /// stride ld) and V (cols x dv) stored as KV; alpha may be null (no rescale). Each value packet is
-/// loaded once per weighted_column_rows rows.
+/// loaded once per weighted_column_rows rows; `ahead` > 0 prefetches the value rows that many rows
+/// further.
 template <class T, class KV>
 void add_weighted_rows(const T* pt, index_t ld, index_t rows, const KV* v, index_t v_stride, index_t cols, index_t dv,
-                       T* o, index_t o_stride, const T* alpha) {
+                       T* o, index_t o_stride, const T* alpha, index_t ahead = 0) {
   constexpr int B = weighted_column_rows;
   for (index_t r = 0; r < rows; r += B)
     with_rows<B>(std::min<index_t>(B, rows - r), [&](auto R) {
       add_weighted_rows_block<R()>(pt + r, ld, v, v_stride, cols, dv, o + r * o_stride, o_stride,
-                                   alpha != nullptr ? alpha + r : nullptr);
+                                   alpha != nullptr ? alpha + r : nullptr, r == 0 ? ahead : 0);
     });
 }
 
