@@ -93,9 +93,9 @@ struct kv_packets<Eigen::bfloat16, float> {
 /// place: reading row j of a kv head, they prefetch the same line of row j + 32 of that head (the next
 /// tile's, decode_tile_keys), once per 64-byte line, at the pace they read. A head's rows are 0.5-4 KiB
 /// apart in BSHD, short runs the hardware prefetchers do not carry across pages: without it a step
-/// from DRAM costs the reads plus the arithmetic, not the larger of the two (Zen 5 VM: a loop of
-/// register-only FMAs reading in the kernel's order took 0.35-0.46 us per key against 0.18 in L2;
-/// with this prefetch 0.24-0.25). Paired calls, time with / without (GQA 32/8, d = 128, one core):
+/// from DRAM costs the reads plus the arithmetic, not the larger of the two (bench_read_order on a Zen
+/// 5 VM, register-only FMAs on the kernel's reads: 0.47 us per key from DRAM, 0.19 in L2, 0.28-0.30
+/// in address order; with this prefetch 0.32-0.34). Paired calls, time with / without (GQA 32/8, d = 128, one core):
 /// f32 4 rows (column layout) Lk = 4096 0.76-0.88, Lk = 32768 0.78; f16 4 rows 0.86; f16 1 row, 32
 /// rows ahead against 16: 0.96 (4096), 0.87 (32768). The f32 row layout goes without
 /// (attention_decode.hpp prefetches()).
