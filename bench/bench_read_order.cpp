@@ -104,20 +104,12 @@ void BM_read_order_prefetch(benchmark::State& state) {
   paired(state, "prefetch_over_none", decode_order<false>, decode_order<true>);
 }
 
-BENCHMARK(BM_read_order)
-    ->Arg(64)
-    ->Arg(32768)
-    ->ArgName("Lk")
-    ->Unit(benchmark::kMillisecond)
-    ->UseManualTime()
-    ->MinTime(2.0);
-BENCHMARK(BM_read_order_prefetch)
-    ->Arg(64)
-    ->Arg(32768)
-    ->ArgName("Lk")
-    ->Unit(benchmark::kMillisecond)
-    ->UseManualTime()
-    ->MinTime(2.0);
+/// Lk = 64 (in L2) and 32768 (DRAM), paired for at least 2 s.
+void read_order_args(benchmark::internal::Benchmark* b) {
+  b->Arg(64)->Arg(32768)->ArgName("Lk")->Unit(benchmark::kMillisecond)->UseManualTime()->MinTime(2.0);
+}
+BENCHMARK(BM_read_order)->Apply(read_order_args);
+BENCHMARK(BM_read_order_prefetch)->Apply(read_order_args);
 
 }  // namespace
 
