@@ -42,7 +42,7 @@ struct sink {
     for (index_t t = 0; t < dim; t += width) {
       const packet a = in::ploadu<packet>(p + t);
       if constexpr (prefetch)
-        if (tokens_left > posenc::detail::decode_prefetch_rows && t % (64 / index_t{sizeof(float)}) == 0)
+        if (tokens_left > posenc::detail::decode_prefetch_rows && posenc::detail::starts_line<float>(t))
           posenc::detail::prefetch_rows_ahead(p + t, posenc::detail::decode_prefetch_rows, token);
       sum = in::padd(sum, a);
       for (int f = 0; f < fmas; ++f) c[f % 8] = in::pmadd(c[f % 8], m, a);

@@ -206,7 +206,7 @@ class decode_attention {
 
   /// Whether the products prefetch the cache rows (decode_prefetch_rows). Not for an f32 cache in the
   /// row layout (at most 4 rows per kv head): there the arithmetic per byte is low, and the prefetch
-  /// measured 0.95-1.03x the time from DRAM (Lk = 4096 and 32768) but 1.12-1.19x with the cache in
+  /// measured 0.88-1.04x the time from DRAM (Lk = 4096 and 32768) but 1.12-1.19x with the cache in
   /// L2 / L3 (Lk = 256 to 1024); the column layout 0.76-0.88x, f16 / bf16 0.87-0.96x (Zen 5 VM).
   [[nodiscard]] bool prefetches() const { return !std::is_same_v<KV, T> || column_scores(); }
 
@@ -297,7 +297,6 @@ class decode_attention {
   /// is read once, as a run of broadcasts), else widened (and rotated) into the staging buffer.
   rows_ref<T> column_key_rows(index_t b, index_t hk, const key_block& blk, decode_scratch<T>& sc) const {
     if constexpr (std::is_same_v<KV, T> && !transforms_keys) {
-      (void)sc;
       return in_cache<T>(k_, b, blk.first, hk, sc.ahead);
     } else {
       T* dst = grow(sc.k_work, blk.cols * dim_);

@@ -95,18 +95,17 @@ struct kv_packets<Eigen::bfloat16, float> {
 /// apart in BSHD, short runs the hardware prefetchers do not carry across pages: without it a step
 /// from DRAM costs the reads plus the arithmetic, not the larger of the two (bench_read_order on a Zen
 /// 5 VM, register-only FMAs on the kernel's reads: 0.47 us per key from DRAM, 0.19 in L2, 0.28-0.30
-/// in address order; with this prefetch 0.32-0.34). Paired calls, time with / without (GQA 32/8, d = 128, one core):
-/// f32 4 rows (column layout) Lk = 4096 0.76-0.88, Lk = 32768 0.78; f16 4 rows 0.86; f16 1 row, 32
-/// rows ahead against 16: 0.96 (4096), 0.87 (32768). The f32 row layout goes without
-/// (attention_decode.hpp prefetches()).
+/// in address order; with this prefetch 0.32-0.34). Paired calls, time with / without (GQA 32/8,
+/// d = 128, one core): f32 4 rows (column layout) Lk = 4096 0.76-0.88, Lk = 32768 0.78-0.80; f16 4
+/// rows 0.86; f16 1 row, 32 rows ahead against 16: 0.96 (4096), 0.87 (32768). The f32 row layout goes
+/// without (attention_decode.hpp prefetches()).
 inline constexpr index_t decode_prefetch_rows = 32;
 
-/// Whether the packet at element t of a row starts a new 64-byte span of it: the products prefetch
-/// once per span, not once per packet (a packet of f16 is half a line).
-template <class T, class KV>
+/// Whether element t of a row of E starts a new 64-byte span of it: the products prefetch once per
+/// span, not once per load (a packet of f16 is half a line; column_dots reads 4 elements per step).
+template <class E>
 constexpr bool starts_line(index_t t) {
-  constexpr index_t packets_per_line = std::max<index_t>(1, 64 / (packet_of<T>::width * index_t{sizeof(KV)}));
-  return (t / packet_of<T>::width) % packets_per_line == 0;
+  return t * index_t{sizeof(E)} % 64 == 0;
 }
 
 /// One stored K/V value as T (the scalar tails of the products).
@@ -167,7 +166,7 @@ inline void row_dots_block(const T* q, index_t q_stride, const KV* k, index_t k_
   for (index_t t = 0; t < dv; t += W) {
     P kp[J];
     for (int j = 0; j < J; ++j) kp[j] = kv_packets<KV, T>::load(k + j * k_stride + t);
-    if (ahead > 0 && starts_line<T, KV>(t))
+    if (ahead > 0 && starts_line<KV>(t))
       for (int j = 0; j < J; ++j) prefetch_rows_ahead(k + j * k_stride + t, ahead, k_stride);
     for (int r = 0; r < R; ++r) {
       const P qp = in::ploadu<P>(q + r * q_stride + t);
@@ -287,9 +286,8 @@ inline void column_dots_block(const T* qc, index_t d, const T* k, index_t k_stri
     }
   };
   index_t t = 0;
-  constexpr index_t line = 64 / index_t{sizeof(T)};
   for (; t + 4 <= d; t += 4) {
-    if (ahead > 0 && t % line == 0)
+    if (ahead > 0 && starts_line<T>(t))
       for (int j = 0; j < KB; ++j) prefetch_rows_ahead(kr[j] + t, ahead, k_stride);
     step(t);
     step(t + 1);
@@ -365,7 +363,7 @@ inline void add_weighted_rows_block(const T* pt, index_t ld, const KV* v, index_
       for (int r = 0; r < R; ++r) acc[r] = in::pmul(acc[r], in::pset1<P>(alpha[r]));
     for (index_t j = 0; j < cols; ++j) {
       const P vp = kv_packets<KV, T>::load(v + j * v_stride + t);
-      if (ahead > 0 && starts_line<T, KV>(t)) prefetch_rows_ahead(v + j * v_stride + t, ahead, v_stride);
+      if (ahead > 0 && starts_line<KV>(t)) prefetch_rows_ahead(v + j * v_stride + t, ahead, v_stride);
       const T* w = pt + j * ld;
       for (int r = 0; r < R; ++r) acc[r] = in::pmadd(in::pset1<P>(w[r]), vp, acc[r]);
     }
@@ -410,7 +408,7 @@ inline void add_weighted_block(const T* p, index_t p_stride, const KV* v, index_
     for (int i = 0; i < N; ++i) vp[i] = kv_packets<KV, T>::load(v + j * v_stride + i * W);
     if (ahead > 0)
       for (int i = 0; i < N; ++i)
-        if (starts_line<T, KV>(i * W)) prefetch_rows_ahead(v + j * v_stride + i * W, ahead, v_stride);
+        if (starts_line<KV>(i * W)) prefetch_rows_ahead(v + j * v_stride + i * W, ahead, v_stride);
     for (int r = 0; r < R; ++r) {
       const P w = in::pset1<P>(p[r * p_stride + j]);
       for (int i = 0; i < N; ++i) acc[r][i] = in::pmadd(w, vp[i], acc[r][i]);
