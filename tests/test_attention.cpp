@@ -1522,6 +1522,9 @@ std::vector<config> decode_configs() {
   add(7, 1200, 2, 2, 24, 40, layout::bhsd, true, padding::mask, offset::q_offset);
   add(1, 900, 2, 2, 128, 128, layout::bshd, true, padding::none, offset::q_offset);
   add(5, 800, 8, 2, 40, 40, layout::bshd, true, padding::mask, offset::q_offset);  // 20 rows: two packets (AVX-512)
+  // head dims the keys' register blocks are compiled for (with_head_dim), 4 and 2 rows per kv head
+  add(2, 1300, 4, 2, 64, 64, layout::bshd, true, padding::lengths, offset::q_offset);
+  add(1, 600, 4, 2, 256, 256, layout::bshd, true, padding::none, offset::q_offset);
   return out;
 }
 

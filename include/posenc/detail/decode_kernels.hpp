@@ -152,13 +152,15 @@ inline void store_sums<4, 4, __m512, float>(const __m512 (&acc)[4][4], float* s,
 #endif
 
 /// s[r * s_stride + j] = dot(q row r, k row j) for R rows x J keys, the dimension d in whole packets
-/// (dv = d rounded down to them) and a scalar tail.
-template <int R, int J, class T, class KV>
-inline void row_dots_block(const T* q, index_t q_stride, const KV* k, index_t k_stride, index_t d, T* s,
+/// (dv = d rounded down to them) and a scalar tail. D > 0: d is D, known at compile time
+/// (with_head_dim).
+template <int R, int J, index_t D = 0, class T, class KV>
+inline void row_dots_block(const T* q, index_t q_stride, const KV* k, index_t k_stride, index_t d_run, T* s,
                            index_t s_stride, index_t ahead) {
   using P = typename packet_of<T>::type;
   constexpr index_t W = packet_of<T>::width;
   namespace in = Eigen::internal;
+  const index_t d = D > 0 ? D : d_run;
   P acc[R][J];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < J; ++j) acc[r][j] = in::pset1<P>(T(0));
@@ -222,6 +224,49 @@ void row_dots(const T* q, index_t q_stride, index_t rows, const KV* k, index_t k
       row_dots_block<R(), 1>(q + r * q_stride, q_stride, k + j * k_stride, k_stride, d, s + r * s_stride + j, s_stride,
                              r == 0 ? ahead : 0);
     });
+}
+
+/// f(std::integral_constant<index_t, D>{}) with D = d for the usual head dimensions (64, 128, 256),
+/// D = 0 (d at run time) for any other. With D known the dimension loop of a register block is
+/// unrolled with constant offsets and no tail: measured on the keys swept across the heads (GQA
+/// 32/8, 1 row, d = 128, one core of a Zen 5 VM, paired calls), 0.81-0.94x the time of d at run
+/// time for an f32 cache (Lk = 512 to 32768), 0.95x for f16 (Lk = 4096).
+template <class F>
+inline void with_head_dim(index_t d, F&& f) {
+  switch (d) {
+    case 64:
+      f(std::integral_constant<index_t, 64>{});
+      break;
+    case 128:
+      f(std::integral_constant<index_t, 128>{});
+      break;
+    case 256:
+      f(std::integral_constant<index_t, 256>{});
+      break;
+    default:
+      f(std::integral_constant<index_t, 0>{});
+      break;
+  }
+}
+
+/// The scores of a tile of `cols` keys for every kv head, in place from the cache, R <= 4 query rows
+/// per head (one register block), the keys a block at a time across the heads (in BSHD a key's rows
+/// of all heads are one contiguous run: address order). q(h): head h's R rows (row stride d); key j of
+/// head h at k + j * k_stride + h * k_head; head h's scores at s + h * s_head, R x cols (row stride
+/// cols). D as row_dots_block. The blocks are called here directly, not through row_dots: one call
+/// of it per block and head (its row-block dispatch, not inlined) measured 0.88-0.94x the time
+/// without it (f32, 1 row, GQA 32/8, d = 128, Lk = 512 to 32768), and f16 0.91x at Lk = 4096.
+template <int R, index_t D, class T, class KV, class Q>
+void row_dots_across_heads(Q&& q, index_t heads, const KV* k, index_t k_stride, index_t k_head, index_t cols, index_t d,
+                           T* s, index_t s_head, index_t ahead) {
+  constexpr int J = dot_block_keys;
+  index_t j = 0;
+  for (; j + J <= cols; j += J)
+    for (index_t h = 0; h < heads; ++h)
+      row_dots_block<R, J, D>(q(h), d, k + j * k_stride + h * k_head, k_stride, d, s + h * s_head + j, cols, ahead);
+  for (; j < cols; ++j)
+    for (index_t h = 0; h < heads; ++h)
+      row_dots_block<R, 1, D>(q(h), d, k + j * k_stride + h * k_head, k_stride, d, s + h * s_head + j, cols, ahead);
 }
 
 /// The column layout, for groups of more than 4 rows: a packet holds one key's scores for up to W
