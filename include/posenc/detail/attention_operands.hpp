@@ -182,7 +182,7 @@ class operand_supply {
   /// caller's rows, or the shared transformed block) and the values. Host rows are 2-4 KiB apart in
   /// BSHD, a new page each, so unprefetched reads run at the memory latency (docs/performance.md ›
   /// Prefetch).
-  void prefetch_block(index_t b, index_t hk, const block_plan& p, index_t r0, index_t r1) const {
+  POSENC_ALWAYS_INLINE void prefetch_block(index_t b, index_t hk, const block_plan& p, index_t r0, index_t r1) const {
     const index_t first = sched_.block(b, p.kb).first + r0;
     if (store_ == key_store::shared) {
       const T* block = shared_block(b, hk, p.kb);
@@ -193,7 +193,9 @@ class operand_supply {
     prefetch_rows(v_.matrix(b, hk, first, r1 - r0), false);
   }
 
-  void prefetch_queries(index_t b, const query_unit& u) const { prefetch_rows(q_.matrix(b, u.head, u.q0, u.rows), false); }
+  POSENC_ALWAYS_INLINE void prefetch_queries(index_t b, const query_unit& u) const {
+    prefetch_rows(q_.matrix(b, u.head, u.q0, u.rows), false);
+  }
 
  private:
   void prepare_shared_keys(Eigen::ThreadPoolInterface* pool) {

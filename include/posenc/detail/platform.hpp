@@ -7,6 +7,7 @@
 //   POSENC_HAS_BUILTIN(x)          __has_builtin(x), 0 where the preprocessor lacks __has_builtin
 //   POSENC_VECTOR_EXTENSIONS       defined when GCC/Clang vector types and __builtin_shufflevector exist
 //                                  (detail/rope_kernels.hpp's interleaved rotation)
+//   POSENC_ALWAYS_INLINE           inline, and inlined at every call (where the compiler has the attribute)
 //   detail::prefetch<W, L>(p)      a software prefetch hint (no-op where there is none)
 //   detail::add_overflow(a, b, r)  r = a + b for signed integers; true (and r unspecified) on overflow
 //   detail::sub_overflow(a, b, r)  r = a - b, likewise
@@ -27,6 +28,14 @@
 #define POSENC_HAS_BUILTIN(x) 0
 #endif
 
+#if defined(__GNUC__) || defined(__clang__)
+#define POSENC_ALWAYS_INLINE __attribute__((always_inline)) inline
+#elif defined(_MSC_VER)
+#define POSENC_ALWAYS_INLINE __forceinline
+#else
+#define POSENC_ALWAYS_INLINE inline
+#endif
+
 #if !defined(POSENC_PORTABLE_BUILTINS) && POSENC_HAS_BUILTIN(__builtin_shufflevector)
 #define POSENC_VECTOR_EXTENSIONS 1
 #endif
@@ -35,9 +44,13 @@ namespace posenc::detail {
 
 /// Prefetch hint for the cache line holding p. Write (0 read, 1 write) and Locality (0 none .. 3 keep
 /// in every level) as __builtin_prefetch takes them; compile-time constants because the builtin
-/// requires them.
+/// requires them. Always inlined, and so must be every function that only wraps it: g++ 12 marks a
+/// function whose body is only the builtin as const (the builtin touches no memory as its optimizer
+/// sees it; -fdump-tree-local-pure-const1 says so) and drops calls to it that were not inlined. A g++
+/// -O3 build of the tiled kernel had none of its block, query and output prefetches left, and the
+/// decode products lost theirs wherever a register block was inlined (f16 decode 1.2-1.3x slower).
 template <int Write, int Locality>
-inline void prefetch(const void* p) noexcept {
+POSENC_ALWAYS_INLINE void prefetch(const void* p) noexcept {
   static_assert((Write == 0 || Write == 1) && Locality >= 0 && Locality <= 3);
 #if !defined(POSENC_PORTABLE_BUILTINS) && POSENC_HAS_BUILTIN(__builtin_prefetch)
   __builtin_prefetch(p, Write, Locality);

@@ -17,7 +17,7 @@ namespace posenc::detail {
 /// One prefetch instruction per 64-byte line of [p, p + bytes); Write and Locality as
 /// detail::prefetch takes them (compile-time constants).
 template <int Write, int Locality>
-inline void prefetch_lines(const void* p, index_t bytes) {
+POSENC_ALWAYS_INLINE void prefetch_lines(const void* p, index_t bytes) {
   constexpr index_t line = 64;
   const char* c = static_cast<const char*>(p);
   for (index_t o = 0; o < bytes; o += line) prefetch<Write, Locality>(c + o);
@@ -25,7 +25,7 @@ inline void prefetch_lines(const void* p, index_t bytes) {
 
 /// Prefetches [p, p + bytes) into L2 (for_write: with intent to write, so that the later stores do
 /// not wait for the line).
-inline void prefetch_bytes(const void* p, index_t bytes, bool for_write) {
+POSENC_ALWAYS_INLINE void prefetch_bytes(const void* p, index_t bytes, bool for_write) {
   if (for_write) prefetch_lines<1, 2>(p, bytes);
   else prefetch_lines<0, 2>(p, bytes);
 }
@@ -33,20 +33,22 @@ inline void prefetch_bytes(const void* p, index_t bytes, bool for_write) {
 /// Prefetches [p, p + bytes) into L1 for reading, for data consumed within a few rows of work (RoPE's
 /// transform, 4 rows ahead): into L2 only, the lines still had to come to L1 at the load
 /// (docs/performance.md › Prefetch).
-inline void prefetch_bytes_l1(const void* p, index_t bytes) { prefetch_lines<0, 3>(p, bytes); }
+POSENC_ALWAYS_INLINE void prefetch_bytes_l1(const void* p, index_t bytes) {
+  prefetch_lines<0, 3>(p, bytes);
+}
 
 /// Prefetches into L2 the element `rows` rows of `stride` elements past p (a strided run read ahead of
 /// time), by address arithmetic: past the last row it names no element (a prefetch never faults)
 /// and forms no out-of-range pointer.
 template <class E>
-inline void prefetch_rows_ahead(const E* p, index_t rows, index_t stride) {
+POSENC_ALWAYS_INLINE void prefetch_rows_ahead(const E* p, index_t rows, index_t stride) {
   const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(p) + static_cast<std::uintptr_t>(rows * stride) * sizeof(E);
   prefetch<0, 2>(reinterpret_cast<const void*>(at));
 }
 
 /// Prefetches every row of a strided row-major matrix map.
 template <class M>
-void prefetch_rows(const M& m, bool for_write) {
+POSENC_ALWAYS_INLINE void prefetch_rows(const M& m, bool for_write) {
   const index_t bytes = m.cols() * static_cast<index_t>(sizeof(typename M::Scalar));
   for (index_t r = 0; r < m.rows(); ++r) prefetch_bytes(m.data() + r * m.outerStride(), bytes, for_write);
 }
