@@ -118,9 +118,12 @@ inline T kv_value(const KV& x) {
   }
 }
 
-/// s[r * s_stride + j] = the sum of the lanes of acc[r][j] (R x J accumulators).
+/// s[r * s_stride + j] = the sum of the lanes of acc[r][j] (R x J accumulators). The register blocks and
+/// this are always inlined: g++ 12 compiled a block left out of line with its accumulators in memory (a
+/// load and a store around every FMA), and the accumulators passed to a store_sums it did not inline
+/// likewise.
 template <int R, int J, class P, class T>
-inline void store_sums(const P (&acc)[R][J], T* s, index_t s_stride) {
+POSENC_ALWAYS_INLINE void store_sums(const P (&acc)[R][J], T* s, index_t s_stride) {
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < J; ++j) s[r * s_stride + j] = Eigen::internal::predux(acc[r][j]);
 }
@@ -130,7 +133,7 @@ inline void store_sums(const P (&acc)[R][J], T* s, index_t s_stride) {
 /// one vector (256-bit halves, then 128-bit lanes, then pairs, then single floats), 16 vectors to 8, 4,
 /// 2, 1; the last holds acc[r][j]'s sum in lane 4 r + j.
 template <>
-inline void store_sums<4, 4, __m512, float>(const __m512 (&acc)[4][4], float* s, index_t s_stride) {
+POSENC_ALWAYS_INLINE void store_sums<4, 4, __m512, float>(const __m512 (&acc)[4][4], float* s, index_t s_stride) {
   __m512 l1[8], l2[4], l3[2];
   // input order a[4 j + r] puts acc[r][j] in lane 4 r + j at the end
   for (int i = 0; i < 8; ++i) {
@@ -155,8 +158,8 @@ inline void store_sums<4, 4, __m512, float>(const __m512 (&acc)[4][4], float* s,
 /// (dv = d rounded down to them) and a scalar tail. D > 0: d is D, known at compile time
 /// (with_head_dim).
 template <int R, int J, index_t D = 0, class T, class KV>
-inline void row_dots_block(const T* q, index_t q_stride, const KV* k, index_t k_stride, index_t d_run, T* s,
-                           index_t s_stride, index_t ahead) {
+POSENC_ALWAYS_INLINE void row_dots_block(const T* q, index_t q_stride, const KV* k, index_t k_stride, index_t d_run,
+                                         T* s, index_t s_stride, index_t ahead) {
   using P = typename packet_of<T>::type;
   constexpr index_t W = packet_of<T>::width;
   namespace in = Eigen::internal;
@@ -440,8 +443,8 @@ void add_weighted_rows(const T* pt, index_t ld, index_t rows, const KV* v, index
 /// R output rows, N packets each from column t: o_r[t .. t+N*W) += sum_j p_r[j] v_j[t .. t+N*W), the
 /// R x N accumulators in registers, each value packet loaded once for the R rows.
 template <int R, int N, class T, class KV>
-inline void add_weighted_block(const T* p, index_t p_stride, const KV* v, index_t v_stride, index_t cols, T* o,
-                               index_t o_stride, index_t ahead) {
+POSENC_ALWAYS_INLINE void add_weighted_block(const T* p, index_t p_stride, const KV* v, index_t v_stride, index_t cols,
+                                             T* o, index_t o_stride, index_t ahead) {
   using P = typename packet_of<T>::type;
   constexpr index_t W = packet_of<T>::width;
   namespace in = Eigen::internal;
@@ -463,36 +466,39 @@ inline void add_weighted_block(const T* p, index_t p_stride, const KV* v, index_
     for (int i = 0; i < N; ++i) in::pstoreu(o + r * o_stride + i * W, acc[r][i]);
 }
 
+/// add_weighted for one block of R rows over the whole width dv: N packets at a time, then single
+/// packets, then a scalar tail.
+template <int R, class T, class KV>
+inline void add_weighted_width(const T* p, index_t p_stride, const KV* v, index_t v_stride, index_t cols, index_t dv,
+                               T* o, index_t o_stride, index_t ahead) {
+  constexpr index_t W = packet_of<T>::width;
+  constexpr int N = weighted_block_packets;
+  index_t t = 0;
+  for (; t + N * W <= dv; t += N * W)
+    add_weighted_block<R, N>(p, p_stride, v + t, v_stride, cols, o + t, o_stride, ahead);
+  for (; t + W <= dv; t += W) add_weighted_block<R, 1>(p, p_stride, v + t, v_stride, cols, o + t, o_stride, ahead);
+  for (; t < dv; ++t)
+    for (index_t r = 0; r < R; ++r) {
+      T sum = o[r * o_stride + t];
+      for (index_t j = 0; j < cols; ++j) sum += p[r * p_stride + j] * kv_value<T>(v[j * v_stride + t]);
+      o[r * o_stride + t] = sum;
+    }
+}
+
 /// O (rows x dv, row stride o_stride) += P (rows x cols, row stride p_stride) V (cols x dv, stored as
 /// KV). Each value row is loaded from memory once; `ahead` > 0 prefetches the value rows that many rows
-/// further (decode_prefetch_rows).
+/// further (decode_prefetch_rows). The row blocks are dispatched once per chunk of keys (for up to 4
+/// rows, once per call), each then runs over the whole width.
 template <class T, class KV>
 void add_weighted(const T* p, index_t p_stride, index_t rows, const KV* v, index_t v_stride, index_t cols, index_t dv,
                   T* o, index_t o_stride, index_t ahead = 0) {
-  constexpr index_t W = packet_of<T>::width;
-  constexpr int N = weighted_block_packets;
   const index_t chunk = rows <= 4 ? cols : weighted_chunk_keys;
   for (index_t j0 = 0; j0 < cols; j0 += chunk) {
     const index_t nj = std::min(chunk, cols - j0);
-    const T* pj = p + j0;
-    const KV* vj = v + j0 * v_stride;
-    index_t t = 0;
-    for (; t + N * W <= dv; t += N * W)
-      for_row_blocks(rows, [&](auto R, index_t r) {
-        add_weighted_block<R(), N>(pj + r * p_stride, p_stride, vj + t, v_stride, nj, o + r * o_stride + t, o_stride,
-                                   r == 0 ? ahead : 0);
-      });
-    for (; t + W <= dv; t += W)
-      for_row_blocks(rows, [&](auto R, index_t r) {
-        add_weighted_block<R(), 1>(pj + r * p_stride, p_stride, vj + t, v_stride, nj, o + r * o_stride + t, o_stride,
-                                   r == 0 ? ahead : 0);
-      });
-    for (; t < dv; ++t)
-      for (index_t r = 0; r < rows; ++r) {
-        T sum = o[r * o_stride + t];
-        for (index_t j = 0; j < nj; ++j) sum += pj[r * p_stride + j] * kv_value<T>(vj[j * v_stride + t]);
-        o[r * o_stride + t] = sum;
-      }
+    for_row_blocks(rows, [&](auto R, index_t r) {
+      add_weighted_width<R()>(p + r * p_stride + j0, p_stride, v + j0 * v_stride, v_stride, nj, dv, o + r * o_stride,
+                              o_stride, r == 0 ? ahead : 0);
+    });
   }
 }
 
