@@ -19,8 +19,8 @@
 //                  softmax, O += P V; per segment (O, m, l) are kept and merged exactly at the end (the
 //                  log-sum-exp merge of attention.hpp's merge). Up to 4 rows per kv head the scores
 //                  are rows (row_dots, add_weighted); for more, columns (column_dots, the softmax
-//                  down the columns, add_weighted_rows), where each K and V value is read once for
-//                  all the rows (decode_kernels.hpp).
+//                  down the columns, add_weighted_rows), where each K and V value comes from memory
+//                  once for all the rows (decode_kernels.hpp).
 #pragma once
 
 #include <algorithm>

@@ -281,8 +281,9 @@ void row_dots_across_heads(Q&& q, index_t heads, const KV* k, index_t k_stride, 
 ///                                   (a memory operand of the FMA), each Q^T packet loaded once for
 ///                                   a block of keys
 ///   add_weighted_rows  O += P V     from P^T [keys x lanes]; each value packet is loaded (and widened)
-///                                   once for all the rows, the rows' weights broadcast from one
-///                                   contiguous column of P^T
+///                                   once per block of weighted_column_rows rows (from L1 after the
+///                                   first), the rows' weights broadcast from one contiguous column
+///                                   of P^T, each for weighted_column_packets packets
 
 /// Keeps p in a register the optimizer cannot relate to other pointers (an empty asm on GCC and
 /// clang; nothing elsewhere).
@@ -376,12 +377,17 @@ void transpose_into(const T* src, index_t src_stride, index_t rows, index_t cols
     for (index_t j = 0; j < cols; ++j) dst[r * dst_stride + j] = src[j * src_stride + r];
 }
 
-/// Rows of the output held in registers by add_weighted_rows: one packet each (16 of 32 registers
-/// with AVX-512, 8 of 16 otherwise).
+/// The register block of add_weighted_rows: rows of the output x packets of each (with AVX-512, 8 x 2:
+/// 16 accumulators, 2 value packets and a weight; otherwise 8 x 1 of 16 registers). Measured with
+/// AVX-512 (4 query rows = 16 per kv head, GQA 32/8, d = 128, one core of a Zen 5 VM, paired calls)
+/// against 16 x 1, a weight broadcast for every FMA: 8 x 2 f32 0.93-0.95 (Lk = 4096 and 32768), f16
+/// 0.96-0.97, two threads 0.995; 12 x 2 0.95, 8 x 3 0.94-0.98 (d = 128 leaves it a 2-packet tail).
 #if defined(EIGEN_VECTORIZE_AVX512)
-inline constexpr int weighted_column_rows = 16;
+inline constexpr int weighted_column_rows = 8;
+inline constexpr int weighted_column_packets = 2;
 #else
 inline constexpr int weighted_column_rows = 8;
+inline constexpr int weighted_column_packets = 1;
 #endif
 
 /// f(std::integral_constant<int, R>{}) for the runtime r in [1, N].
@@ -394,29 +400,49 @@ inline void with_rows(index_t r, F&& f) {
   with_rows_impl<N>(r, f, std::make_integer_sequence<int, N>{});
 }
 
-/// R output rows, one packet column at a time: o_r[t .. t+W) = a_r o_r[t .. t+W) + sum_j pt[j][r]
-/// v_j[t .. t+W) (a_r = alpha[r], or 1 without alpha), the R accumulators in registers over all
-/// `cols` keys.
-template <int R, class T, class KV>
-inline void add_weighted_rows_block(const T* pt, index_t ld, const KV* v, index_t v_stride, index_t cols, index_t dv,
-                                    T* o, index_t o_stride, const T* alpha, index_t ahead) {
+/// R output rows, NP packets from column t: o_r[t .. t+NP*W) = a_r o_r[..] + sum_j pt[j][r] v_j[t ..
+/// t+NP*W) (a_r = alpha[r], or 1 without alpha), the R x NP accumulators in registers over all
+/// `cols` keys: each value packet is loaded once for the R rows, each weight once for the NP packets.
+template <int R, int NP, class T, class KV>
+POSENC_ALWAYS_INLINE void add_weighted_rows_packets(const T* pt, index_t ld, const KV* v, index_t v_stride,
+                                                    index_t cols, index_t t, T* o, index_t o_stride, const T* alpha,
+                                                    index_t ahead) {
   using P = typename packet_of<T>::type;
   constexpr index_t W = packet_of<T>::width;
   namespace in = Eigen::internal;
-  index_t t = 0;
-  for (; t + W <= dv; t += W) {
-    P acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = in::ploadu<P>(o + r * o_stride + t);
-    if (alpha != nullptr)
-      for (int r = 0; r < R; ++r) acc[r] = in::pmul(acc[r], in::pset1<P>(alpha[r]));
-    for (index_t j = 0; j < cols; ++j) {
-      const P vp = kv_packets<KV, T>::load(v + j * v_stride + t);
-      if (ahead > 0 && starts_line<KV>(t)) prefetch_rows_ahead(v + j * v_stride + t, ahead, v_stride);
-      const T* w = pt + j * ld;
-      for (int r = 0; r < R; ++r) acc[r] = in::pmadd(in::pset1<P>(w[r]), vp, acc[r]);
+  P acc[R][NP];
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < NP; ++i) acc[r][i] = in::ploadu<P>(o + r * o_stride + t + i * W);
+  if (alpha != nullptr)
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < NP; ++i) acc[r][i] = in::pmul(acc[r][i], in::pset1<P>(alpha[r]));
+  for (index_t j = 0; j < cols; ++j) {
+    P vp[NP];
+    for (int i = 0; i < NP; ++i) vp[i] = kv_packets<KV, T>::load(v + j * v_stride + t + i * W);
+    if (ahead > 0)
+      for (int i = 0; i < NP; ++i)
+        if (starts_line<KV>(t + i * W)) prefetch_rows_ahead(v + j * v_stride + t + i * W, ahead, v_stride);
+    const T* w = pt + j * ld;
+    for (int r = 0; r < R; ++r) {
+      const P wr = in::pset1<P>(w[r]);
+      for (int i = 0; i < NP; ++i) acc[r][i] = in::pmadd(wr, vp[i], acc[r][i]);
     }
-    for (int r = 0; r < R; ++r) in::pstoreu(o + r * o_stride + t, acc[r]);
   }
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < NP; ++i) in::pstoreu(o + r * o_stride + t + i * W, acc[r][i]);
+}
+
+/// R output rows over the whole width dv: weighted_column_packets packets at a time, then single
+/// packets, then a scalar tail.
+template <int R, class T, class KV>
+inline void add_weighted_rows_block(const T* pt, index_t ld, const KV* v, index_t v_stride, index_t cols, index_t dv,
+                                    T* o, index_t o_stride, const T* alpha, index_t ahead) {
+  constexpr index_t W = packet_of<T>::width;
+  constexpr int NP = weighted_column_packets;
+  index_t t = 0;
+  for (; t + NP * W <= dv; t += NP * W)
+    add_weighted_rows_packets<R, NP>(pt, ld, v, v_stride, cols, t, o, o_stride, alpha, ahead);
+  for (; t + W <= dv; t += W) add_weighted_rows_packets<R, 1>(pt, ld, v, v_stride, cols, t, o, o_stride, alpha, ahead);
   for (; t < dv; ++t)
     for (int r = 0; r < R; ++r) {
       T sum = alpha != nullptr ? alpha[r] * o[r * o_stride + t] : o[r * o_stride + t];
