@@ -314,20 +314,15 @@ class decode_attention {
   void score_across_heads(index_t b, const key_block& blk, T* scores, decode_scratch<T>& sc) const {
     if constexpr (keys_direct) {  // keys_swept() is false otherwise
       const index_t G = rows_, n = blk.cols;
-      if (G <= 4) {  // one register block of rows per head (decode_kernels.hpp row_dots_across_heads)
-        const auto q = [&](index_t hk) { return group(sc, hk).q_scaled.data(); };
-        for_row_blocks(G, [&](auto R, index_t) {
-          with_head_dim(dim_, [&](auto D) {
-            row_dots_across_heads<R(), D()>(q, kv_heads_, k_.row(b, blk.first, 0), k_.token_stride(), k_.head_stride(),
-                                            n, dim_, scores, G * n, sc.ahead);
-          });
+      // one sweep per register block of rows (one for the usual <= 4 rows per kv head): the row
+      // blocks and the head dim dispatched once per tile (decode_kernels.hpp row_dots_across_heads)
+      for_row_blocks(G, [&](auto R, index_t r) {
+        const auto q = [&](index_t hk) { return group(sc, hk).q_scaled.data() + r * dim_; };
+        with_head_dim(dim_, [&](auto D) {
+          row_dots_across_heads<R(), D()>(q, kv_heads_, k_.row(b, blk.first, 0), k_.token_stride(), k_.head_stride(), n,
+                                          dim_, scores + r * n, G * n, r == 0 ? sc.ahead : 0);
         });
-      } else {
-        for (index_t j = 0; j < n; j += dot_block_keys)
-          for (index_t hk = 0; hk < kv_heads_; ++hk)
-            row_dots(group(sc, hk).q_scaled.data(), dim_, G, k_.row(b, blk.first + j, hk), k_.token_stride(),
-                     std::min<index_t>(dot_block_keys, n - j), dim_, scores + hk * G * n + j, n, sc.ahead);
-      }
+      });
       for (index_t hk = 0; hk < kv_heads_; ++hk)
         finish_scores(b, hk, blk, in_cache<KV>(k_, b, blk.first, hk, sc.ahead), scores + hk * G * n, group(sc, hk), sc);
     }

@@ -252,13 +252,14 @@ inline void with_head_dim(index_t d, F&& f) {
   }
 }
 
-/// The scores of a tile of `cols` keys for every kv head, in place from the cache, R <= 4 query rows
-/// per head (one register block), the keys a block at a time across the heads (in BSHD a key's rows
-/// of all heads are one contiguous run: address order). q(h): head h's R rows (row stride d); key j of
-/// head h at k + j * k_stride + h * k_head; head h's scores at s + h * s_head, R x cols (row stride
-/// cols). D as row_dots_block. The blocks are called here directly, not through row_dots: one call
-/// of it per block and head (its row-block dispatch, not inlined) measured 0.88-0.94x the time
-/// without it (f32, 1 row, GQA 32/8, d = 128, Lk = 512 to 32768), and f16 0.91x at Lk = 4096.
+/// The scores of a tile of `cols` keys for every kv head, in place from the cache, for one register
+/// block of R <= 4 query rows per head, the keys a block at a time across the heads (in BSHD a key's
+/// rows of all heads are one contiguous run: address order). q(h): head h's R rows (row stride d); key
+/// j of head h at k + j * k_stride + h * k_head; head h's scores at s + h * s_head, R x cols (row
+/// stride cols). More rows per head sweep the tile once per block (from L2 after the first). D as
+/// row_dots_block. The blocks are called here directly, not through row_dots: one call of it per
+/// block and head (its row-block dispatch, not inlined) measured 0.88-0.94x the time without it (f32,
+/// 1 row, GQA 32/8, d = 128, Lk = 512 to 32768), and f16 0.91x at Lk = 4096.
 template <int R, index_t D, class T, class KV, class Q>
 void row_dots_across_heads(Q&& q, index_t heads, const KV* k, index_t k_stride, index_t k_head, index_t cols, index_t d,
                            T* s, index_t s_head, index_t ahead) {
