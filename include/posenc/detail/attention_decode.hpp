@@ -137,7 +137,7 @@ class decode_attention {
     const index_t t1 = std::min(tiles_per_row_, (seg + 1) * decode_segment_keys / decode_tile_keys);
     for (index_t ti = first_seen_tile(b, t0, t1); ti < t1;) {
       const index_t next = first_seen_tile(b, ti + 1, t1);
-      sc.ahead = next == ti + 1 && prefetches() ? decode_prefetch_rows : 0;
+      sc.ahead = next == ti + 1 ? decode_prefetch_rows : 0;
       run_tile(b, key_tile(b, ti), sc);
       ti = next;
     }
@@ -203,12 +203,6 @@ class decode_attention {
   /// and accumulators. Measured at 16 rows, Lk = 4096: in place 7.0-7.9 ms, staged 5.1-5.4 ms; f16
   /// rows widened in place 3.3-3.7 ms either way.
   [[nodiscard]] bool stage_stored_rows() const { return std::is_same_v<KV, T> && rows_ > 4; }
-
-  /// Whether the products prefetch the cache rows (decode_prefetch_rows). Not for an f32 cache in the
-  /// row layout (at most 4 rows per kv head): there the arithmetic per byte is low, and the prefetch
-  /// measured 0.88-1.04x the time from DRAM (Lk = 4096 and 32768) but 1.12-1.19x with the cache in
-  /// L2 / L3 (Lk = 256 to 1024); the column layout 0.76-0.88x, f16 / bf16 0.87-0.96x (Zen 5 VM).
-  [[nodiscard]] bool prefetches() const { return !std::is_same_v<KV, T> || column_scores(); }
 
   /// Rows of K or V as the products read them: in the cache (stored as KV, or as T when that is the
   /// cache's type) or staged in T; `ahead` rows of the same head are prefetched for the cache's rows

@@ -97,8 +97,11 @@ struct kv_packets<Eigen::bfloat16, float> {
 /// 5 VM, register-only FMAs on the kernel's reads: 0.47 us per key from DRAM, 0.19 in L2, 0.28-0.30
 /// in address order; with this prefetch 0.32-0.34). Paired calls, time with / without (GQA 32/8,
 /// d = 128, one core): f32 4 rows (column layout) Lk = 4096 0.76-0.88, Lk = 32768 0.78-0.80; f16 4
-/// rows 0.86; f16 1 row, 32 rows ahead against 16: 0.96 (4096), 0.87 (32768). The f32 row layout goes
-/// without (attention_decode.hpp prefetches()).
+/// rows 0.86; f16 1 row, 32 rows ahead against 16: 0.96 (4096), 0.87 (32768). f32 1 row: 0.94-0.97
+/// from DRAM, which is where a runtime's cache is (one layer's K/V read after the other layers'; calls
+/// rotating over 4-64 layers' caches, Lk = 256 to 4096, 1 and 2 threads), and 0.935 at Lk = 32768 on
+/// one cache; only a cache that stays in L2 / L3 between calls (one layer called again and again,
+/// Lk <= 1024) pays for the instructions, 1.12-1.23.
 inline constexpr index_t decode_prefetch_rows = 32;
 
 /// Whether element t of a row of E starts a new 64-byte span of it: the products prefetch once per
