@@ -1595,13 +1595,33 @@ TEST_CASE("attention, decode path: an encoding with value terms cannot be forced
   check_both(c, enc, value_reference(problem(c), enc));
 }
 
+// In the cases split, columns and uneven the kv heads of a (batch, segment) item are cut into parts
+// (decode_attention::head_chunks), 8 kv heads of 8 MiB per segment in float and 16 in double: one
+// segment (2 parts on 2 threads, 2 / 4 on 8), and 3 segments (2 parts on 2 threads: 6 items), in the
+// column layout (16 rows per kv head) and the row layout.
 TEST_CASE("attention, decode path: bitwise identical for 1, 2 and 8 threads (fixed split-KV segments)",
           "[kernel][decode]") {
   Eigen::ThreadPool two(2), eight(8);
-  for (config c : {config{.B = 1, .Sq = 1, .Sk = 5000, .H = 4, .Hkv = 1, .D = 64, .Dv = 64, .causal = true,
-                          .off = offset::q_offset},
-                   config{.B = 2, .Sq = 2, .Sk = 3000, .H = 8, .Hkv = 2, .D = 40, .Dv = 24, .causal = true,
-                          .pad = padding::mask, .off = offset::q_offset}}) {
+  const config one_kv_head = {
+      .B = 1, .Sq = 1, .Sk = 5000, .H = 4, .Hkv = 1, .D = 64, .Dv = 64, .causal = true, .off = offset::q_offset};
+  const config padded = {.B = 2,
+                         .Sq = 2,
+                         .Sk = 3000,
+                         .H = 8,
+                         .Hkv = 2,
+                         .D = 40,
+                         .Dv = 24,
+                         .causal = true,
+                         .pad = padding::mask,
+                         .off = offset::q_offset};
+  const config split = {
+      .B = 1, .Sq = 1, .Sk = 1024, .H = 32, .Hkv = 8, .D = 128, .Dv = 128, .causal = true, .off = offset::q_offset};
+  config columns = split, uneven = split;
+  columns.Sq = 4;
+  columns.Sk = 2500;
+  uneven.Sk = 2600;
+  uneven.pad = padding::mask;
+  for (const config& c : {one_kv_head, padded, split, columns, uneven}) {
     INFO(describe(c));
     const problem p(c);
     hooks_without_values enc{.rot = {}, .bias = {}, .rel = relative_terms(3, c.D, 7)};
@@ -1613,6 +1633,9 @@ TEST_CASE("attention, decode path: bitwise identical for 1, 2 and 8 threads (fix
     CHECK(f1.lse == f8.lse);
     const result d1 = run_kernel<double>(p, posenc::no_position{}), d8 = run_kernel<double>(p, posenc::no_position{}, &eight);
     CHECK(d1.out == d8.out);
+    const result want = run_reference<double>(p, {});
+    expect_close<double>(d8.out, want.out, "out, 8 threads");
+    expect_close<double>(d8.lse, want.lse, "lse, 8 threads");
   }
 }
 

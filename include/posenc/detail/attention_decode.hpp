@@ -6,9 +6,11 @@
 // bytes the step moves. Here:
 //   scheduling     the queries of one (batch, kv head) — its group of query heads, all their rows — form
 //                  one small matrix of G = group x q_len rows; the keys are cut into segments of
-//                  decode_segment_keys, and each (batch, kv head, segment) is a work item (split-KV,
-//                  Flash-Decoding). Segments depend only on k_len, never on the thread count, and
-//                  the partial results are merged in segment order: bitwise the same for any pool.
+//                  decode_segment_keys, and each (batch, segment) is a work item for every kv head
+//                  (split-KV, Flash-Decoding), cut into parts of the kv heads when there are fewer
+//                  items than threads or they split unevenly (head_chunks). Segments depend only on
+//                  k_len, never on the thread count, and the partial results are merged in segment
+//                  order: bitwise the same for any pool.
 //   operand supply the caller's key and value rows in place, f16 / bf16 widened inside the products'
 //                  loads (decode_kernels.hpp kv_packets); staged a tile at a time only for an encoding
 //                  that rotates keys or an ISA without in-register widening. The products prefetch
@@ -54,6 +56,14 @@ inline constexpr index_t decode_segment_keys = 1024;
 /// 32 keys 1.54 ms, 64 keys 6.3 ms: a tile's key rows of one kv head are 2-4 KiB apart (BSHD) and
 /// share L1 sets, and 64 of them evict the queries and scores the tile keeps rereading.
 inline constexpr index_t decode_tile_keys = 32;
+/// K/V bytes below which the kv heads of a (batch, segment) work item are not cut into parts for more
+/// threads (decode_attention::head_chunks). GQA 32/8, d = 128, 2 threads, calls rotating over 6-16
+/// layers' caches (Zen 5 VM, paired, time against whole items): f32 (8 MiB items, two parts) 1 row
+/// Lk = 1024 0.79-0.89, Lk = 3072 0.89-0.94, 4 rows Lk = 3072 0.88-0.90 (one cache called again and
+/// again, in L3: Lk = 1024 0.95-1.07, Lk = 3072 0.87-0.91). Smaller parts did not pay: f32 Lk = 256 / 512
+/// 1.04 / 1.01, f16 (4 MiB items) Lk = 1024 1.07-1.17, Lk = 3072 1.18-1.22: waking a pool thread,
+/// and reading half of every token's row, cost more than the second thread saves.
+inline constexpr index_t decode_split_min_bytes = index_t{4} << 20;
 
 /// Whether the decode strategy can run the encoding (value terms need the tiled path's buckets).
 template <class Bound, class T>
@@ -72,6 +82,7 @@ struct decode_scratch {
     bool rescale = false;  ///< the last softmax step left some alpha != 1 (column layout)
   };
   std::vector<group_state> groups;  ///< per kv head
+  index_t head_first = 0, head_end = 0;  ///< the kv heads of the current work item
   buffer k_work, v_work, scores, score_rows;
   /// Rows ahead the products prefetch in the cache during the current tile: decode_prefetch_rows when
   /// the item reads the adjacent tile next, else 0 (no lines past its keys or the cache's end).
@@ -107,17 +118,44 @@ class decode_attention {
   }
 
   void run(Eigen::ThreadPoolInterface* pool) {
+    const index_t chunks = head_chunks(pool != nullptr ? static_cast<index_t>(pool->NumThreads()) : 1);
     for_each_item<decode_scratch<T>>(
-        pool, masks_.batch * segments_,
+        pool, masks_.batch * segments_ * chunks,
         [&](decode_scratch<T>& sc) { sc.groups.resize(static_cast<std::size_t>(kv_heads_)); },
-        [&](index_t item, decode_scratch<T>& sc) { run_segment(item / segments_, item % segments_, sc); });
+        [&](index_t item, decode_scratch<T>& sc) {
+          // the parts outer, so that two threads read different segments, not the two halves of the
+          // same tokens at once (in L3, f16 Lk = 3072 cut in 2, 2 threads: 0.86x the time of whole
+          // items this way, 1.02x with the segments outer)
+          const index_t n = masks_.batch * segments_, c = item / n, bs = item % n;
+          sc.head_first = c * kv_heads_ / chunks;
+          sc.head_end = (c + 1) * kv_heads_ / chunks;
+          run_segment(bs / segments_, bs % segments_, sc);
+        });
     online_softmax<T> st;
     Eigen::Matrix<T, 1, Eigen::Dynamic> o(vdim_);
     for (index_t bh = 0; bh < masks_.batch * kv_heads_; ++bh) merge_segments(bh / kv_heads_, bh % kv_heads_, st, o);
   }
 
  private:
-  /// One (batch, segment) for every kv head: tile by tile, each tile's rows for all kv heads in turn.
+  /// Parts the kv heads of each (batch, segment) are cut into, one work item each: the fewest that bring
+  /// the rounds of items within 10 % of an even split over the threads (a single segment, Lk <= 1024,
+  /// on 2 threads: 2 items; 3 segments: 6), with no part under decode_split_min_bytes. A head's
+  /// arithmetic does not depend on the item that runs it, so this may follow the thread count: results
+  /// stay bitwise the same.
+  [[nodiscard]] index_t head_chunks(index_t threads) const {
+    if (threads <= 1) return 1;
+    const index_t n = masks_.batch * segments_;
+    const index_t item_bytes =
+        std::min(masks_.k_len, decode_segment_keys) * kv_heads_ * (dim_ + vdim_) * static_cast<index_t>(sizeof(KV));
+    const index_t most = std::clamp<index_t>(item_bytes / decode_split_min_bytes, 1, kv_heads_);
+    for (index_t c = 1; c < most; ++c) {
+      const index_t items = n * c, rounds = (items + threads - 1) / threads;
+      if (rounds * threads * 10 <= items * 11) return c;
+    }
+    return most;
+  }
+
+  /// One (batch, segment) for the item's kv heads: tile by tile, each tile's rows for those kv heads in turn.
   /// In BSHD a token's keys of all kv heads are one contiguous row (kv_heads x d), so the item reads
   /// the cache in address order: measured at Lk = 4096, 8 kv heads, d = 128, reading K and V head by
   /// head (rows 4 KiB apart) ran at 16.7 GB/s, in address order at 27 GB/s.
@@ -126,7 +164,7 @@ class decode_attention {
     // the group's query positions (row g * q_len + i: query i), the same for every kv head
     sc.q_pos.resize(static_cast<std::size_t>(G));
     for (index_t g = 0; g < group_; ++g) std::copy(masks_.qp(b), masks_.qp(b) + q_len_, sc.q_pos.begin() + g * q_len_);
-    for (index_t hk = 0; hk < kv_heads_; ++hk) {
+    for (index_t hk = sc.head_first; hk < sc.head_end; ++hk) {
       auto& gs = sc.groups[static_cast<std::size_t>(hk)];
       prepare_queries(b, hk, gs);
       T* acc = grow(gs.acc, G * vdim_);
@@ -141,7 +179,7 @@ class decode_attention {
       run_tile(b, key_tile(b, ti), sc);
       ti = next;
     }
-    for (index_t hk = 0; hk < kv_heads_; ++hk) {
+    for (index_t hk = sc.head_first; hk < sc.head_end; ++hk) {
       const auto& gs = sc.groups[static_cast<std::size_t>(hk)];
       const index_t part = ((b * kv_heads_ + hk) * segments_ + seg) * G;
       std::copy(gs.acc.data(), gs.acc.data() + G * vdim_, part_acc_.data() + part * vdim_);
@@ -235,14 +273,14 @@ class decode_attention {
     if (keys_swept())
       score_across_heads(b, blk, scores, sc);
     else
-      for (index_t hk = 0; hk < kv_heads_; ++hk) {
+      for (index_t hk = sc.head_first; hk < sc.head_end; ++hk) {
         const auto k = key_rows(b, hk, blk, sc);
         row_dots(group(sc, hk).q_scaled.data(), dim_, G, k.data, k.stride, n, dim_, scores + hk * G * n, n, k.ahead);
         finish_scores(b, hk, blk, k, scores + hk * G * n, group(sc, hk), sc);
       }
     // values head by head: summing them across the kv heads a few keys at a time, in address order as
     // the scores, measured the same (f16 and f32 cache, 1 row, Lk = 4096, chunks of 4, 8 and 16 keys)
-    for (index_t hk = 0; hk < kv_heads_; ++hk) {
+    for (index_t hk = sc.head_first; hk < sc.head_end; ++hk) {
       const auto v = value_rows(b, hk, blk, sc);
       add_weighted(scores + hk * G * n, n, G, v.data, v.stride, n, vdim_, group(sc, hk).acc.data(), vdim_, v.ahead);
     }
@@ -254,7 +292,7 @@ class decode_attention {
   void run_tile_columns(index_t b, const key_block& blk, decode_scratch<T>& sc) const {
     const index_t G = rows_, n = blk.cols, lanes = column_lanes();
     T* scores = grow(sc.scores, kv_heads_ * n * lanes);  // S^T [n x lanes] per kv head
-    for (index_t hk = 0; hk < kv_heads_; ++hk) {
+    for (index_t hk = sc.head_first; hk < sc.head_end; ++hk) {
       auto& gs = group(sc, hk);
       T* st = scores + hk * n * lanes;
       const auto k = column_key_rows(b, hk, blk, sc);
@@ -267,7 +305,7 @@ class decode_attention {
       }
       gs.rescale = gs.softmax.step_columns(st, n, lanes);
     }
-    for (index_t hk = 0; hk < kv_heads_; ++hk) {
+    for (index_t hk = sc.head_first; hk < sc.head_end; ++hk) {
       auto& gs = group(sc, hk);
       // the accumulators' rescale by alpha is folded into the product's loads of them
       const T* alpha = gs.rescale ? gs.softmax.alpha.data() : nullptr;
@@ -311,13 +349,15 @@ class decode_attention {
       // one sweep per register block of rows (one for the usual <= 4 rows per kv head): the row
       // blocks and the head dim dispatched once per tile (decode_kernels.hpp row_dots_across_heads)
       for_row_blocks(G, [&](auto R, index_t r) {
-        const auto q = [&](index_t hk) { return group(sc, hk).q_scaled.data() + r * dim_; };
+        const index_t h0 = sc.head_first;
+        const auto q = [&](index_t h) { return group(sc, h0 + h).q_scaled.data() + r * dim_; };
         with_head_dim(dim_, [&](auto D) {
-          row_dots_across_heads<R(), D()>(q, kv_heads_, k_.row(b, blk.first, 0), k_.token_stride(), k_.head_stride(), n,
-                                          dim_, scores + r * n, G * n, r == 0 ? sc.ahead : 0);
+          row_dots_across_heads<R(), D()>(q, sc.head_end - h0, k_.row(b, blk.first, h0), k_.token_stride(),
+                                          k_.head_stride(), n, dim_, scores + (h0 * G + r) * n, G * n,
+                                          r == 0 ? sc.ahead : 0);
         });
       });
-      for (index_t hk = 0; hk < kv_heads_; ++hk)
+      for (index_t hk = sc.head_first; hk < sc.head_end; ++hk)
         finish_scores(b, hk, blk, in_cache<KV>(k_, b, blk.first, hk, sc.ahead), scores + hk * G * n, group(sc, hk), sc);
     }
   }
