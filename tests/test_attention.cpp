@@ -2,24 +2,24 @@
 // (posenc/reference.hpp), which materializes every score and applies every term by its plainest
 // per-element formula. Test encodings defined here exercise each hook kind; the reference gets the
 // same formula as a per-element callable written independently of the hook's tiled code.
-#include <catch2/catch.hpp>
-
-#include <posenc/attention.hpp>
-#include <posenc/detail/relative.hpp>
-#include <posenc/reference.hpp>
-
 #include <algorithm>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <optional>
+#include <posenc/attention.hpp>
+#include <posenc/detail/relative.hpp>
+#include <posenc/reference.hpp>
+#include <random>
+#include <set>
 #include <span>
 #include <stdexcept>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -1334,11 +1334,29 @@ struct throwing_encoding {
 };
 
 template <failing_hook Hook>
-void check_hook_failure_reaches_caller(Index threads) {
-  INFO("hook " << static_cast<int>(Hook) << ", threads " << threads);
-  // Many small work items, so that a pool runs several of them before and after the failing one.
-  config c{.B = 2, .Sq = 96, .Sk = 96, .H = 4, .Hkv = 2, .D = 8, .Dv = 8, .causal = true, .q_block = 16,
-           .k_block = 16};
+void check_hook_failure_reaches_caller(Index threads, bool decode) {
+  INFO("hook " << static_cast<int>(Hook) << ", threads " << threads << (decode ? ", decode" : ", tiled"));
+  // Many small work items, so that a pool runs several of them before and after the failing one; the
+  // decode strategy's items (batch, segment of 1024 keys) also run on the calling thread.
+  const config c = decode ? config{.B = 2,
+                                   .Sq = 1,
+                                   .Sk = 3000,
+                                   .H = 4,
+                                   .Hkv = 2,
+                                   .D = 8,
+                                   .Dv = 8,
+                                   .causal = true,
+                                   .off = offset::q_offset}
+                          : config{.B = 2,
+                                   .Sq = 96,
+                                   .Sk = 96,
+                                   .H = 4,
+                                   .Hkv = 2,
+                                   .D = 8,
+                                   .Dv = 8,
+                                   .causal = true,
+                                   .q_block = 16,
+                                   .k_block = 16};
   const problem p(c);
   const auto q = cast<float>(p.q), k = cast<float>(p.k), v = cast<float>(p.v);
   std::vector<float> out(static_cast<std::size_t>(c.B * c.Sq * c.H * c.Dv), 7.f);
@@ -1361,7 +1379,8 @@ void check_hook_failure_reaches_caller(Index threads) {
 
 template <failing_hook Hook>
 void check_hook_failure_all_threads() {
-  for (Index threads : {1, 2, 8}) check_hook_failure_reaches_caller<Hook>(threads);
+  for (Index threads : {1, 2, 8})
+    for (bool decode : {false, true}) check_hook_failure_reaches_caller<Hook>(threads, decode);
 }
 }  // namespace
 
@@ -1376,23 +1395,42 @@ TEST_CASE("attention: an exception from any hook reaches the caller with 1, 2 an
 
 TEST_CASE("for_each_item: the first exception of a worker is rethrown on the calling thread", "[kernel][errors]") {
   struct scratch {};
-  for (int threads : {2, 8}) {
-    Eigen::ThreadPool pool(threads);
-    std::atomic<long> ran{0};
-    // Every item after the failing one would take 1 ms: without the stop the call would take ~1 s.
-    CHECK_THROWS_AS(posenc::detail::for_each_item<scratch>(
-                        &pool, 1000, [](scratch&) {},
-                        [&](Index i, scratch&) {
-                          ++ran;
-                          if (i == 3) throw std::out_of_range("item 3");
-                          std::this_thread::sleep_for(std::chrono::milliseconds(1));
-                        }),
-                    std::out_of_range);
-    CHECK(ran.load() < 100);  // the others stopped taking items
-    CHECK_THROWS_AS(posenc::detail::for_each_item<scratch>(
-                        &pool, 4, [](scratch&) { throw std::length_error("prepare"); }, [](Index, scratch&) {}),
-                    std::length_error);
-  }
+  using posenc::detail::workers;
+  for (int threads : {2, 8})
+    for (workers who : {workers::pool, workers::pool_and_caller}) {
+      INFO("threads " << threads << (who == workers::pool ? ", pool" : ", pool and caller"));
+      Eigen::ThreadPool pool(threads);
+      std::atomic<long> ran{0};
+      // Every item after the failing one would take 1 ms: without the stop the call would take ~1 s.
+      CHECK_THROWS_AS(posenc::detail::for_each_item<scratch>(
+                          &pool, 1000, [](scratch&) {},
+                          [&](Index i, scratch&) {
+                            ++ran;
+                            if (i == 3) throw std::out_of_range("item 3");
+                            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                          },
+                          who),
+                      std::out_of_range);
+      CHECK(ran.load() < 100);  // the others stopped taking items
+      CHECK_THROWS_AS(posenc::detail::for_each_item<scratch>(
+                          &pool, 4, [](scratch&) { throw std::length_error("prepare"); }, [](Index, scratch&) {}, who),
+                      std::length_error);
+      // every item runs exactly once, on at most `threads` threads, the caller among them or not
+      std::vector<std::atomic<int>> seen(100);
+      std::mutex m;
+      std::set<std::thread::id> ids;
+      posenc::detail::for_each_item<scratch>(
+          &pool, 100, [](scratch&) {},
+          [&](Index i, scratch&) {
+            ++seen[static_cast<std::size_t>(i)];
+            const std::lock_guard<std::mutex> lock(m);
+            ids.insert(std::this_thread::get_id());
+          },
+          who);
+      CHECK(std::all_of(seen.begin(), seen.end(), [](const std::atomic<int>& x) { return x.load() == 1; }));
+      CHECK(ids.size() <= static_cast<std::size_t>(threads));
+      if (who == workers::pool) CHECK(ids.count(std::this_thread::get_id()) == 0);
+    }
 }
 
 // ---- NaN and Inf: what PyTorch's softmax does --------------------------------------------------------

@@ -55,7 +55,8 @@ struct attention_options {
   std::optional<tensor_map<const std::int64_t, 2>> attention_mask{};
   /// Valid key count per batch row (size batch); keys j >= kv_lengths[b] are padding.
   std::span<const std::int64_t> kv_lengths{};
-  /// Thread pool for (batch, head, query block) work items; null = the calling thread only.
+  /// Thread pool for (batch, head, query block) work items; null = the calling thread only. The decode
+  /// strategy works on the calling thread too, with up to n - 1 of a pool's n threads.
   Eigen::ThreadPoolInterface* pool = nullptr;
   /// Tile sizes; 0 = the kernel's measured defaults.
   index_t q_block = 0;

@@ -130,7 +130,8 @@ class decode_attention {
           sc.head_first = c * kv_heads_ / chunks;
           sc.head_end = (c + 1) * kv_heads_ / chunks;
           run_segment(bs / segments_, bs % segments_, sc);
-        });
+        },
+        workers::pool_and_caller);  // short calls: the caller starts while a pool thread wakes (thread.hpp)
     online_softmax<T> st;
     Eigen::Matrix<T, 1, Eigen::Dynamic> o(vdim_);
     for (index_t bh = 0; bh < masks_.batch * kv_heads_; ++bh) merge_segments(bh / kv_heads_, bh % kv_heads_, st, o);
