@@ -1338,25 +1338,12 @@ void check_hook_failure_reaches_caller(Index threads, bool decode) {
   INFO("hook " << static_cast<int>(Hook) << ", threads " << threads << (decode ? ", decode" : ", tiled"));
   // Many small work items, so that a pool runs several of them before and after the failing one; the
   // decode strategy's items (batch, segment of 1024 keys) also run on the calling thread.
-  const config c = decode ? config{.B = 2,
-                                   .Sq = 1,
-                                   .Sk = 3000,
-                                   .H = 4,
-                                   .Hkv = 2,
-                                   .D = 8,
-                                   .Dv = 8,
-                                   .causal = true,
-                                   .off = offset::q_offset}
-                          : config{.B = 2,
-                                   .Sq = 96,
-                                   .Sk = 96,
-                                   .H = 4,
-                                   .Hkv = 2,
-                                   .D = 8,
-                                   .Dv = 8,
-                                   .causal = true,
-                                   .q_block = 16,
-                                   .k_block = 16};
+  config c{.B = 2, .Sq = 96, .Sk = 96, .H = 4, .Hkv = 2, .D = 8, .Dv = 8, .causal = true, .q_block = 16, .k_block = 16};
+  if (decode) {  // one new row per head against 3000 keys: 3 segments per batch row
+    c.Sq = 1;
+    c.Sk = 3000;
+    c.off = offset::q_offset;
+  }
   const problem p(c);
   const auto q = cast<float>(p.q), k = cast<float>(p.k), v = cast<float>(p.v);
   std::vector<float> out(static_cast<std::size_t>(c.B * c.Sq * c.H * c.Dv), 7.f);
