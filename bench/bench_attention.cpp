@@ -103,8 +103,8 @@ void BM_fused(benchmark::State& state) {
 // before and after the timed loop (the better of the two); of_triad = KV_GBps / triad_GBps (1 = the
 // call runs at the memory speed of this machine); read_GBps, a plain read of the cache itself (a sum
 // of its 64-bit words, in address order, split over the same threads, measured like the triad) and
-// of_read = KV_GBps / read_GBps: what a reader of those bytes gets without arithmetic, which on the
-// VMs measured is below the triad on one core (0.65-0.9x); GFLOPs as 4 rows Lk d per query head.
+// of_read = KV_GBps / read_GBps: what a reader of those bytes gets without arithmetic (from DRAM on a
+// Zen 5 VM: 0.85-0.9x the triad on one core, 0.9-1.1x on two); GFLOPs as 4 rows Lk d per query head.
 /// The best of 5 runs of part(t, parts) on each of the pool's threads (t < parts), as `bytes` per second.
 template <class Part>
 double best_rate(std::size_t bytes, Eigen::ThreadPool* pool, Part part) {
@@ -159,7 +159,7 @@ double read_rate(const std::vector<const std::vector<E>*>& x, Eigen::ThreadPool*
   constexpr std::size_t line = 64 / sizeof(std::uint64_t), ahead = 4096;
   std::size_t bytes = 0;
   for (const auto* a : x) bytes += a->size() * sizeof(E);
-  std::vector<std::uint64_t> sums(8, 0);
+  std::vector<std::uint64_t> sums(static_cast<std::size_t>(pool != nullptr ? pool->NumThreads() : 1), 0);
   const double rate = best_rate(bytes, pool, [&](int t, int parts) {
     std::uint64_t sum = 0;
     for (const auto* a : x) {
@@ -174,7 +174,7 @@ double read_rate(const std::vector<const std::vector<E>*>& x, Eigen::ThreadPool*
         for (std::size_t j = 0; j < line; ++j) sum += w[j];
       }
     }
-    sums[static_cast<std::size_t>(t) % sums.size()] += sum;
+    sums[static_cast<std::size_t>(t)] = sum;  // one slot per part: no two threads write the same
   });
   benchmark::DoNotOptimize(sums.data());
   return rate;
