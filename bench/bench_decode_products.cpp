@@ -8,7 +8,8 @@
 //     product  row_dots           S = Q K^T, 4 query rows per kv head (the 1-row GQA 32/8 step),
 //                                 keys 4 at a time across the heads (row_dots_across_heads)
 //              add_weighted       O += P V, 4 rows, head by head
-//              column_dots        S^T = K Q^T, 16 rows per kv head (the 4-row step)
+//              column_dots        S^T = K Q^T, 16 rows per kv head (the 4-row step; with AVX-512
+//                                 two dimensions per broadcast, whatever layout q holds)
 //              add_weighted_rows  O += P V from P^T, 16 rows
 //     layout   l1    each head's 32 rows adjacent and the same 16 KiB tile for every head: in L1
 //              l2    each head's 32 rows adjacent, the heads' tiles one after the other: 128 KiB, in L2

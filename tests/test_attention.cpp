@@ -1550,6 +1550,10 @@ std::vector<config> decode_configs() {
   // head dims the keys' register blocks are compiled for (with_head_dim), 4 and 2 rows per kv head
   add(2, 1300, 4, 2, 64, 64, layout::bshd, true, padding::lengths, offset::q_offset);
   add(1, 600, 4, 2, 256, 256, layout::bshd, true, padding::none, offset::q_offset);
+  // the column layout's key products: an odd head dim (one dimension at a time), a head dim of 4 k + 2
+  // (AVX-512: pairs of dimensions, the last pair alone) with keys ending mid-block, 6 and 16 rows
+  add(3, 1100, 4, 2, 33, 33, layout::bshd, true, padding::none, offset::q_offset);
+  add(8, 1190, 2, 1, 66, 66, layout::bshd, true, padding::mask, offset::q_offset);
   return out;
 }
 

@@ -76,7 +76,7 @@ struct decode_scratch {
   struct group_state {
     buffer q_work;    ///< the group's queries after the Q transform, unscaled (what hooks read)
     buffer q_scaled;  ///< scale * queries: the left operand of row_dots
-    buffer q_cols;    ///< the same transposed, [d x column lanes], zero padded (column_dots)
+    buffer q_cols;    ///< the same as column_dots reads them (column_queries), zero padded
     buffer acc;       ///< O, [rows x value_dim]
     online_softmax<T> softmax;
     bool rescale = false;  ///< the last softmax step left some alpha != 1 (column layout)
@@ -215,9 +215,7 @@ class decode_attention {
     for (index_t i = 0; i < G * dim_; ++i) qs[i] = qw[i] * scale_;
     if (column_scores()) {
       const index_t lanes = column_lanes();
-      T* qc = grow(gs.q_cols, dim_ * lanes);
-      std::fill(qc, qc + dim_ * lanes, T(0));
-      transpose_into(qs, dim_, dim_, G, qc, lanes);
+      column_queries(qs, dim_, G, dim_, lanes, grow(gs.q_cols, dim_ * lanes));
     }
   }
 
