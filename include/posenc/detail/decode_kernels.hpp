@@ -316,40 +316,50 @@ inline constexpr int column_block_keys = 8;
 inline constexpr int column_block_keys = 4;
 #endif
 
-/// KB keys of column_dots: acc[j] = sum_t k_j[t] qc[t], the dimension unrolled by 4 so that the key
-/// rows are addressed by their pointer plus a constant (one index update per 4 x KB FMAs).
+/// kr[j] = the key row j of a column_dots block, each pointer opaque to the optimizer: else clang 14
+/// rebuilds each from the previous one by a chain of dependent adds inside the loop (62-78 % of the
+/// FMA peak measured with it, in L1).
+template <int KB, class T>
+POSENC_ALWAYS_INLINE void key_row_pointers(const T* k, index_t k_stride, const T* (&kr)[KB]) {
+  for (int j = 0; j < KB; ++j) {
+    kr[j] = k + j * k_stride;
+    hide_pointer(kr[j]);
+  }
+}
+
+/// step(t) for t = 0, S, 2 S, ... < d (S = 1, or 2 with d even), 4 dimensions per iteration so that the
+/// key rows are addressed by their pointer plus a constant (one index update per 4 x KB FMAs); `ahead` >
+/// 0 prefetches the key rows that many rows further, once per line.
+template <int S, int KB, class T, class Step>
+POSENC_ALWAYS_INLINE void sweep_dims(const T* (&kr)[KB], index_t d, index_t k_stride, index_t ahead, Step&& step) {
+  index_t t = 0;
+  for (; t + 4 <= d; t += 4) {
+    if (ahead > 0 && starts_line<T>(t))
+      for (int j = 0; j < KB; ++j) prefetch_rows_ahead(kr[j] + t, ahead, k_stride);
+    for (int u = 0; u < 4; u += S) step(t + u);
+  }
+  for (; t < d; t += S) step(t);
+}
+
+/// KB keys of column_dots: acc[j] = sum_t k_j[t] qc[t], one dimension per broadcast (sweep_dims).
 template <int KB, int NP, class T>
 inline void column_dots_block(const T* qc, index_t d, const T* k, index_t k_stride, T* st, index_t ld, index_t ahead) {
   using P = typename packet_of<T>::type;
   constexpr index_t W = packet_of<T>::width, L = NP * W;
   namespace in = Eigen::internal;
   P acc[KB][NP];
+  for (auto& a : acc)
+    for (P& x : a) x = in::pset1<P>(T(0));
   const T* kr[KB];
-  for (int j = 0; j < KB; ++j) {
-    kr[j] = k + j * k_stride;
-    // opaque to the optimizer: else clang 14 rebuilds each pointer from the previous one by a chain
-    // of dependent adds inside the loop (62-78 % of the FMA peak measured with it, in L1)
-    hide_pointer(kr[j]);
-    for (int i = 0; i < NP; ++i) acc[j][i] = in::pset1<P>(T(0));
-  }
-  auto step = [&](index_t t) {
+  key_row_pointers(k, k_stride, kr);
+  sweep_dims<1>(kr, d, k_stride, ahead, [&](index_t t) {
     P qp[NP];
     for (int i = 0; i < NP; ++i) qp[i] = in::ploadu<P>(qc + t * L + i * W);
     for (int j = 0; j < KB; ++j) {
       const P kb = in::pset1<P>(kr[j][t]);
       for (int i = 0; i < NP; ++i) acc[j][i] = in::pmadd(kb, qp[i], acc[j][i]);
     }
-  };
-  index_t t = 0;
-  for (; t + 4 <= d; t += 4) {
-    if (ahead > 0 && starts_line<T>(t))
-      for (int j = 0; j < KB; ++j) prefetch_rows_ahead(kr[j] + t, ahead, k_stride);
-    step(t);
-    step(t + 1);
-    step(t + 2);
-    step(t + 3);
-  }
-  for (; t < d; ++t) step(t);
+  });
   for (int j = 0; j < KB; ++j)
     for (int i = 0; i < NP; ++i) in::pstoreu(st + j * ld + i * W, acc[j][i]);
 }
@@ -389,13 +399,10 @@ template <int KB>
 inline void column_pair_block(const float* qp, index_t d, const float* k, index_t k_stride, float* st, index_t ld,
                               index_t ahead) {
   __m512 acc[KB][2];
+  for (auto& a : acc) a[0] = a[1] = _mm512_setzero_ps();
   const float* kr[KB];
-  for (int j = 0; j < KB; ++j) {
-    kr[j] = k + j * k_stride;
-    hide_pointer(kr[j]);  // as in column_dots_block
-    acc[j][0] = acc[j][1] = _mm512_setzero_ps();
-  }
-  auto step = [&](index_t t) {  // dimensions t, t + 1
+  key_row_pointers(k, k_stride, kr);
+  sweep_dims<2>(kr, d, k_stride, ahead, [&](index_t t) {  // dimensions t, t + 1
     const __m512 qa = _mm512_loadu_ps(qp + t * 16), qb = _mm512_loadu_ps(qp + t * 16 + 16);
     for (int j = 0; j < KB; ++j) {
       double pair;  // the two floats as one 64-bit element (vbroadcastsd)
@@ -404,15 +411,7 @@ inline void column_pair_block(const float* qp, index_t d, const float* k, index_
       acc[j][0] = _mm512_fmadd_ps(kb, qa, acc[j][0]);
       acc[j][1] = _mm512_fmadd_ps(kb, qb, acc[j][1]);
     }
-  };
-  index_t t = 0;
-  for (; t + 4 <= d; t += 4) {
-    if (ahead > 0 && starts_line<float>(t))
-      for (int j = 0; j < KB; ++j) prefetch_rows_ahead(kr[j] + t, ahead, k_stride);
-    step(t);
-    step(t + 2);
-  }
-  if (t < d) step(t);  // d even: one pair left
+  });
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
   for (int j = 0; j < KB; ++j)
