@@ -364,13 +364,21 @@ inline void column_dots_block(const T* qc, index_t d, const T* k, index_t k_stri
     for (int i = 0; i < NP; ++i) in::pstoreu(st + j * ld + i * W, acc[j][i]);
 }
 
+/// f(std::integral_constant<int, KB>{}, j) for the blocks of KB keys of `cols`, then f(1, j) for each
+/// key left.
+template <int KB, class F>
+inline void for_key_blocks(index_t cols, F&& f) {
+  index_t j = 0;
+  for (; j + KB <= cols; j += KB) f(std::integral_constant<int, KB>{}, j);
+  for (; j < cols; ++j) f(std::integral_constant<int, 1>{}, j);
+}
+
 template <int NP, class T>
 void column_dots_n(const T* qc, index_t d, const T* k, index_t k_stride, index_t cols, T* st, index_t ld,
                    index_t ahead) {
-  constexpr int KB = column_block_keys / NP;
-  index_t j = 0;
-  for (; j + KB <= cols; j += KB) column_dots_block<KB, NP>(qc, d, k + j * k_stride, k_stride, st + j * ld, ld, ahead);
-  for (; j < cols; ++j) column_dots_block<1, NP>(qc, d, k + j * k_stride, k_stride, st + j * ld, ld, ahead);
+  for_key_blocks<column_block_keys / NP>(cols, [&](auto KB, index_t j) {
+    column_dots_block<KB(), NP>(qc, d, k + j * k_stride, k_stride, st + j * ld, ld, ahead);
+  });
 }
 
 /// Whether column_dots takes the dimensions in pairs (column_pair_block): float with AVX-512, one packet
@@ -430,10 +438,9 @@ void column_dots(const T* qc, index_t lanes, index_t d, const T* k, index_t k_st
 #if defined(EIGEN_VECTORIZE_AVX512)
   if constexpr (std::is_same_v<T, float>) {
     if (column_pairs<T>(lanes, d)) {
-      constexpr int KB = column_block_keys;
-      index_t j = 0;
-      for (; j + KB <= cols; j += KB) column_pair_block<KB>(qc, d, k + j * k_stride, k_stride, st + j * ld, ld, ahead);
-      for (; j < cols; ++j) column_pair_block<1>(qc, d, k + j * k_stride, k_stride, st + j * ld, ld, ahead);
+      for_key_blocks<column_block_keys>(cols, [&](auto KB, index_t j) {
+        column_pair_block<KB()>(qc, d, k + j * k_stride, k_stride, st + j * ld, ld, ahead);
+      });
       return;
     }
   }
@@ -442,6 +449,15 @@ void column_dots(const T* qc, index_t lanes, index_t d, const T* k, index_t k_st
     column_dots_n<1>(qc, d, k, k_stride, cols, st, ld, ahead);
   else
     column_dots_n<2>(qc, d, k, k_stride, cols, st, ld, ahead);
+}
+
+
+/// dst[r dst_stride + j] = src[j src_stride + r] for r < rows, j < cols (the column layout's scores
+/// to rows, for the hooks and masks, and back).
+template <class T>
+void transpose_into(const T* src, index_t src_stride, index_t rows, index_t cols, T* dst, index_t dst_stride) {
+  for (index_t r = 0; r < rows; ++r)
+    for (index_t j = 0; j < cols; ++j) dst[r * dst_stride + j] = src[j * src_stride + r];
 }
 
 /// qc = the queries Q (rows x d, row stride q_stride) as column_dots reads them: Q^T [d x lanes], the
@@ -454,17 +470,8 @@ void column_queries(const T* q, index_t q_stride, index_t rows, index_t d, index
     for (index_t r = 0; r < rows; ++r)
       for (index_t t = 0; t < d; ++t) qc[t / 2 * 32 + r / 8 * 16 + r % 8 * 2 + t % 2] = q[r * q_stride + t];
   } else {
-    for (index_t t = 0; t < d; ++t)
-      for (index_t r = 0; r < rows; ++r) qc[t * lanes + r] = q[r * q_stride + t];
+    transpose_into(q, q_stride, d, rows, qc, lanes);
   }
-}
-
-/// dst[r dst_stride + j] = src[j src_stride + r] for r < rows, j < cols (the column layout's scores
-/// to rows, for the hooks and masks, and back).
-template <class T>
-void transpose_into(const T* src, index_t src_stride, index_t rows, index_t cols, T* dst, index_t dst_stride) {
-  for (index_t r = 0; r < rows; ++r)
-    for (index_t j = 0; j < cols; ++j) dst[r * dst_stride + j] = src[j * src_stride + r];
 }
 
 /// The register block of add_weighted_rows: rows of the output x packets of each (with AVX-512, 8 x 2:
