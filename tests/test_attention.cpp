@@ -1752,3 +1752,249 @@ TEST_CASE("attention: K/V in half precision with a Q/K transform and a bias (bot
     check_kv<float, Eigen::half>(c, rel, relative_reference(ph, rel));
   }
 }
+
+// ---- strided views: padded rows, the filled part of a preallocated cache, a fused QKV buffer -----
+
+namespace {
+
+// Elements added between the rows of a strided view: after each head's d values, after each
+// token's heads (BSHD) or values (BHSD), after each batch row, and whole tokens past seq (a cache's
+// unused capacity).
+struct row_padding {
+  Index head = 0, token = 0, batch = 0, tokens = 0;
+};
+
+// E from double and back (Eigen's half types convert through float).
+template <class E>
+E to(double x) {
+  if constexpr (std::is_floating_point_v<E>)
+    return static_cast<E>(x);
+  else
+    return static_cast<E>(static_cast<float>(x));
+}
+template <class E>
+double from(E x) {
+  if constexpr (std::is_floating_point_v<E>)
+    return static_cast<double>(x);
+  else
+    return static_cast<double>(static_cast<float>(x));
+}
+
+// f(batch, token, head, element) for every element of a [B, S, H, D] tensor.
+template <class F>
+void for_each_element(Index B, Index S, Index H, Index D, F&& f) {
+  for (Index i = 0; i < B; ++i)
+    for (Index t = 0; t < S; ++t)
+      for (Index k = 0; k < H; ++k)
+        for (Index e = 0; e < D; ++e) f(i, t, k, e);
+}
+
+// A copy of a dense tensor (in c.order) into a larger buffer of E whose padding holds `fill`, and the
+// strided view of it. The padding of an input is NaN: a kernel that read one element outside its view
+// would turn rows NaN.
+template <class E>
+struct strided_copy {
+  std::vector<E> buf;
+  posenc::view_strides strides;
+  Index B, S, H, D;
+  strided_copy(const std::vector<double>& dense, Index b, Index s, Index h, Index d, layout order, row_padding pad,
+               double fill)
+      : B(b), S(s), H(h), D(d) {
+    if (order == layout::bshd) {
+      strides.head = D + pad.head;
+      strides.token = H * strides.head + pad.token;
+      strides.batch = (S + pad.tokens) * strides.token + pad.batch;
+    } else {
+      strides.token = D + pad.token;
+      strides.head = (S + pad.tokens) * strides.token + pad.head;
+      strides.batch = H * strides.head + pad.batch;
+    }
+    buf.assign(static_cast<std::size_t>(B * strides.batch), to<E>(fill));
+    const auto src = view<const double>(dense.data(), B, S, H, D, order);
+    const auto dst = strided_view();
+    for_each_element(B, S, H, D, [&](Index i, Index t, Index k, Index e) { dst(i, t, k, e) = to<E>(src(i, t, k, e)); });
+  }
+  posenc::heads_view<E> strided_view() { return posenc::strided(buf.data(), B, S, H, D, strides); }
+  // The viewed values in c.order, dense.
+  std::vector<double> gather(layout order) {
+    std::vector<double> out(static_cast<std::size_t>(B * S * H * D));
+    const auto dst = view<double>(out.data(), B, S, H, D, order);
+    const auto src = strided_view();
+    for_each_element(B, S, H, D, [&](Index i, Index t, Index k, Index e) { dst(i, t, k, e) = from(src(i, t, k, e)); });
+    return out;
+  }
+  // Elements outside the view that no longer hold `fill`.
+  [[nodiscard]] Index touched_padding(double fill) const {
+    std::vector<unsigned char> inside(buf.size(), 0);
+    for_each_element(B, S, H, D, [&](Index i, Index t, Index k, Index e) {
+      inside[static_cast<std::size_t>(i * strides.batch + t * strides.token + k * strides.head + e)] = 1;
+    });
+    Index n = 0;
+    for (std::size_t i = 0; i < buf.size(); ++i)
+      if (!inside[i] && from(buf[i]) != fill) ++n;
+    return n;
+  }
+};
+
+// Attention with q, k, v and out in strided buffers (k and v stored as KV) against the reference on
+// the dense problem, rounded as stored.
+template <class T, class KV>
+void check_strided(const config& c, row_padding pad) {
+  INFO(describe(c) << " padding " << pad.head << "/" << pad.token << "/" << pad.batch << "/" << pad.tokens
+                   << (std::is_same_v<KV, Eigen::half> ? " f16"
+                       : std::is_same_v<KV, T>         ? ""
+                                                       : " bf16")
+                   << (std::is_same_v<T, float> ? " float" : " double"));
+  const problem p = rounded_kv<T, KV>(c);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  strided_copy<T> q(p.q, c.B, c.Sq, c.H, c.D, c.order, pad, nan);
+  strided_copy<KV> k(p.k, c.B, c.Sk, c.Hkv, c.D, c.order, pad, nan), v(p.v, c.B, c.Sk, c.Hkv, c.Dv, c.order, pad, nan);
+  strided_copy<T> out(std::vector<double>(static_cast<std::size_t>(c.B * c.Sq * c.H * c.Dv), 0.0), c.B, c.Sq, c.H, c.Dv,
+                      c.order, pad, 123.0);
+  std::vector<T> lse(static_cast<std::size_t>(c.B * c.H * c.Sq));
+  Eigen::ThreadPool pool(2);
+  auto opt = p.options();
+  opt.pool = &pool;
+  const posenc::tensor_map<T, 3> lv(lse.data(), c.B, c.H, c.Sq);
+  if constexpr (std::is_same_v<KV, T>)
+    posenc::attention<T>(q.strided_view(), k.strided_view(), v.strided_view(), out.strided_view(), lv,
+                         posenc::no_position{}, opt);
+  else
+    posenc::attention<T, KV>(q.strided_view(), k.strided_view(), v.strided_view(), out.strided_view(), lv,
+                             posenc::no_position{}, opt);
+  CHECK(out.touched_padding(123.0) == 0);
+  const result want = run_reference<double>(p, {});
+  expect_close<T>(out.gather(c.order), want.out, "out");
+  expect_close<T>(std::vector<double>(lse.begin(), lse.end()), want.lse, "lse");
+}
+
+}  // namespace
+
+TEST_CASE("attention: strided views (padded rows, a preallocated cache's first tokens), both paths, f32 / f16 K/V",
+          "[kernel][decode][view]") {
+  std::vector<config> cs;
+  // decode: 1 row per query head (keys swept across the kv heads, whose rows are now apart), 4 and
+  // 16 rows per kv head (the column layout), a BHSD cache; tiled: a prefill
+  cs.push_back(config{.B = 2,
+                      .Sq = 1,
+                      .Sk = 1100,
+                      .H = 8,
+                      .Hkv = 2,
+                      .D = 64,
+                      .Dv = 64,
+                      .causal = true,
+                      .pad = padding::mask,
+                      .off = offset::q_offset,
+                      .seed = 41});
+  cs.push_back(config{.B = 2,
+                      .Sq = 1,
+                      .Sk = 700,
+                      .H = 32,
+                      .Hkv = 8,
+                      .D = 128,
+                      .Dv = 128,
+                      .causal = true,
+                      .off = offset::q_offset,
+                      .seed = 42});
+  cs.push_back(config{.B = 1,
+                      .Sq = 4,
+                      .Sk = 1300,
+                      .H = 8,
+                      .Hkv = 2,
+                      .D = 40,
+                      .Dv = 24,
+                      .causal = true,
+                      .off = offset::q_offset,
+                      .seed = 43});
+  cs.push_back(config{.B = 2,
+                      .Sq = 3,
+                      .Sk = 900,
+                      .H = 4,
+                      .Hkv = 1,
+                      .D = 32,
+                      .Dv = 32,
+                      .order = layout::bhsd,
+                      .causal = true,
+                      .pad = padding::lengths,
+                      .off = offset::q_offset,
+                      .seed = 44});
+  cs.push_back(config{.B = 2,
+                      .Sq = 70,
+                      .Sk = 90,
+                      .H = 4,
+                      .Hkv = 2,
+                      .D = 24,
+                      .Dv = 16,
+                      .causal = true,
+                      .pad = padding::mask,
+                      .off = offset::q_offset,
+                      .q_block = 32,
+                      .k_block = 64,
+                      .seed = 45});
+  cs.push_back(config{.B = 2,
+                      .Sq = 50,
+                      .Sk = 50,
+                      .H = 2,
+                      .Hkv = 2,
+                      .D = 16,
+                      .Dv = 16,
+                      .order = layout::bhsd,
+                      .causal = true,
+                      .seed = 46});
+  for (const config& c : cs)
+    for (const row_padding pad :
+         {row_padding{.token = 16}, row_padding{.head = 3, .token = 5, .batch = 7, .tokens = 33},
+          row_padding{.tokens = 100}}) {
+      check_strided<float, float>(c, pad);
+      check_strided<float, Eigen::half>(c, pad);
+      check_strided<double, double>(c, pad);
+    }
+}
+
+TEST_CASE("attention: q, k and v as head slices of one fused QKV buffer, decoding its last tokens",
+          "[kernel][decode][view]") {
+  // [batch, tokens, H + 2 Hkv, D] as a fused projection writes it; the cache part is the first
+  // `cached` tokens of a buffer of `capacity`
+  const Index B = 2, H = 8, Hkv = 2, D = 32, capacity = 1200, cached = 1037, W = H + 2 * Hkv;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> n;
+  std::vector<float> qkv(static_cast<std::size_t>(B * capacity * W * D));
+  for (auto& e : qkv) e = n(rng);
+  const auto all = posenc::bshd<const float>(qkv.data(), B, capacity, W, D).slice_tokens(0, cached);
+  for (const Index rows : {Index{1}, Index{3}, Index{cached}}) {
+    INFO("query rows " << rows);
+    const auto q = all.slice_tokens(cached - rows, rows).slice_heads(0, H);
+    const auto k = all.slice_heads(H, Hkv), v = all.slice_heads(H + Hkv, Hkv);
+    // dense copies for the reference, indexed in the fused buffer by hand
+    std::vector<double> dq(static_cast<std::size_t>(B * rows * H * D)),
+        dk(static_cast<std::size_t>(B * cached * Hkv * D)), dv(dk.size());
+    auto copy = [&](Index t0, Index seq, Index h0, Index heads, std::vector<double>& dst) {
+      for_each_element(B, seq, heads, D, [&](Index b, Index s, Index h, Index d) {
+        dst[static_cast<std::size_t>(((b * seq + s) * heads + h) * D + d)] =
+            qkv[static_cast<std::size_t>(((b * capacity + t0 + s) * W + h0 + h) * D + d)];
+      });
+    };
+    copy(cached - rows, rows, 0, H, dq);
+    copy(0, cached, H, Hkv, dk);
+    copy(0, cached, H + Hkv, Hkv, dv);
+    std::vector<float> out(static_cast<std::size_t>(B * rows * H * D));
+    std::vector<double> want(out.size());
+    const posenc::attention_options opt{.causal = true, .q_offset = cached - rows};
+    posenc::attention<float>(q, k, v, posenc::bshd(out.data(), B, rows, H, D), posenc::no_position{}, opt);
+    posenc::reference_attention<double>(
+        posenc::bshd<const double>(dq.data(), B, rows, H, D), posenc::bshd<const double>(dk.data(), B, cached, Hkv, D),
+        posenc::bshd<const double>(dv.data(), B, cached, Hkv, D), posenc::bshd(want.data(), B, rows, H, D), opt);
+    double worst = 0;
+    for (std::size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::abs(out[i] - want[i]));
+    CHECK(worst < 2e-5);
+  }
+}
+
+TEST_CASE("attention: an output view reaching into an input's span is refused", "[kernel][view][errors]") {
+  std::vector<float> buf(2 * 10 * 6 * 8, 1.f);
+  const auto all = posenc::bshd(buf.data(), 2, 10, 6, 8);
+  // q and k, v are head slices of one buffer (inputs may interleave); out is the buffer's q part
+  CHECK_THROWS_WITH(posenc::attention<float>(all.slice_heads(0, 2), all.slice_heads(2, 2), all.slice_heads(4, 2),
+                                             all.slice_heads(0, 2), posenc::no_position{}),
+                    Catch::Contains("out") && Catch::Contains("must not overlap q"));
+}

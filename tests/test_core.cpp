@@ -96,6 +96,63 @@ TEST_CASE("heads_view from a TensorMap keeps the memory order and converts to co
   CHECK(back.data() == buf.data());
 }
 
+TEST_CASE("heads_view with strides: padded rows, slices of tokens and heads", "[core][view]") {
+  const Index B = 2, cap = 5, H = 6, D = 4;
+  std::vector<float> buf(B * cap * H * D);
+  std::iota(buf.begin(), buf.end(), 0.f);
+  const auto all = posenc::bshd(buf.data(), B, cap, H, D);
+  CHECK(all.dense());
+  CHECK(all.strides() == posenc::view_strides{.batch = cap * H * D, .token = H * D, .head = D});
+  CHECK(all.extent() == all.size());
+
+  // the first 3 tokens of a 5-token cache, every batch row
+  const auto first3 = all.slice_tokens(0, 3);
+  CHECK(first3.seq() == 3);
+  CHECK(!first3.dense());
+  CHECK(first3.batch_stride() == cap * H * D);
+  CHECK(&first3(1, 2, 5, 3) == &all(1, 2, 5, 3));
+  CHECK(first3.extent() == (B - 1) * cap * H * D + 2 * H * D + 5 * D + D);
+  // heads 2..3 (a fused buffer's k part), then tokens 1..4 of those
+  const auto k = all.slice_heads(2, 2).slice_tokens(1, 4);
+  CHECK(k.heads() == 2);
+  CHECK(&k(1, 0, 1, 2) == &all(1, 1, 3, 2));
+  const auto m = k.matrix(1, 1);
+  CHECK(&m(3, 0) == &all(1, 4, 3, 0));
+
+  // a BHSD cache's first tokens: the head stride stays the capacity's
+  const auto bh = posenc::bhsd(buf.data(), B, H, cap, D).slice_tokens(0, 2);
+  CHECK(bh.head_stride() == cap * D);
+  CHECK(&bh(1, 1, 4, 0) == &buf[((1 * H + 4) * cap + 1) * D]);
+  CHECK(bh.order() == posenc::layout::bhsd);
+
+  // token rows padded past their heads
+  const auto padded = posenc::strided(buf.data(), 1, 3, 2, D, {.batch = 0, .token = 2 * D + 3, .head = D});
+  CHECK(&padded(0, 2, 1, 1) == &buf[2 * (2 * D + 3) + D + 1]);
+  CHECK(padded.order() == posenc::layout::bshd);
+  const posenc::heads_view<const float> cp = padded;
+  CHECK(cp.strides() == padded.strides());
+  CHECK(&cp(0, 2, 1, 1) == &padded(0, 2, 1, 1));
+}
+
+TEST_CASE("heads_view with strides: bad strides and slices are refused", "[core][view][error]") {
+  std::vector<float> buf(1000);
+  CHECK_THROWS_WITH(posenc::strided(buf.data(), 1, 4, 2, 8, {.token = -16, .head = 8}),
+                    Catch::Contains("heads_view") && Catch::Contains("strides must be >= 0"));
+  // a written view whose rows overlap: tokens 4 apart with 8 values each
+  CHECK_THROWS_WITH(posenc::strided(buf.data(), 1, 4, 1, 8, {.token = 4, .head = 8}),
+                    Catch::Contains("must not reach an element twice"));
+  // heads on top of each other (stride 0) in a written view; the same view of inputs reads fine
+  CHECK_THROWS_AS(posenc::strided(buf.data(), 1, 4, 2, 8, {.token = 8, .head = 0}), posenc::error);
+  CHECK_NOTHROW(posenc::strided<const float>(buf.data(), 1, 4, 2, 8, {.token = 8, .head = 0}));
+  // one token or one head: its stride is never used
+  CHECK_NOTHROW(posenc::strided(buf.data(), 1, 1, 3, 8, {.token = 0, .head = 8}));
+  const auto v = posenc::bshd(buf.data(), 2, 5, 4, 8);
+  CHECK_THROWS_WITH(v.slice_tokens(3, 3), Catch::Contains("slice_tokens") && Catch::Contains("[3, 6) of 5"));
+  CHECK_THROWS_WITH(v.slice_heads(-1, 2), Catch::Contains("slice_heads"));
+  CHECK(v.slice_tokens(5, 0).seq() == 0);
+  CHECK_THROWS_WITH(v.slice_tokens(0, 2).tensor(), Catch::Contains("tensor") && Catch::Contains("dense"));
+}
+
 TEST_CASE("heads_view rejects negative dimensions and null data", "[core][view][error]") {
   CHECK_THROWS_AS(posenc::bshd<float>(nullptr, 1, 2, 3, 4), posenc::error);
   std::vector<float> buf(4);

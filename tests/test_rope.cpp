@@ -619,6 +619,56 @@ TEST_CASE("rope: table equals no table, both layouts, float and double", "[rope]
   }
 }
 
+TEST_CASE("rope: strided views (the k heads of a fused QKV buffer) rotate as dense copies do", "[rope][view]") {
+  for (auto layout : {posenc::rope_layout::half, posenc::rope_layout::interleaved}) {
+    const posenc::rope r(base_config(64, 10000.0, layout));
+    const index_t B = 2, S = 6, H = 4, Hkv = 2, D = 64, W = H + 2 * Hkv;
+    const auto x = test_util::randn(B * S * W * D, 10);
+    posenc::positions pos(B, S);
+    for (index_t b = 0; b < B; ++b)
+      for (index_t s = 0; s < S; ++s) pos(b, s) = 30 + 3 * s - b;
+    // dense copy of the k heads, rotated
+    std::vector<double> dense(static_cast<std::size_t>(B * S * Hkv * D));
+    const auto fused0 = posenc::bshd<const double>(x.data(), B, S, W, D).slice_heads(H, Hkv);
+    const auto dk = posenc::bshd(dense.data(), B, S, Hkv, D);
+    for (index_t b = 0; b < B; ++b)
+      for (index_t s = 0; s < S; ++s)
+        for (index_t h = 0; h < Hkv; ++h)
+          for (index_t d = 0; d < D; ++d) dk(b, s, h, d) = fused0(b, s, h, d);
+    r.apply(dk, posenc::view(pos));
+    // in place on the fused buffer's k heads: q and v untouched
+    std::vector<double> y = x;
+    const auto fused = posenc::bshd(y.data(), B, S, W, D);
+    r.apply(fused.slice_heads(H, Hkv), posenc::view(pos));
+    // out of place from the fused buffer into a padded cache
+    std::vector<double> cache(static_cast<std::size_t>(B * (S + 2) * (Hkv * D + 5)), -7.0);
+    const auto kc = posenc::strided(cache.data(), B, S, Hkv, D,
+                                    {.batch = (S + 2) * (Hkv * D + 5), .token = Hkv * D + 5, .head = D});
+    r.apply(fused0, kc, posenc::view(pos));
+    double worst = 0;
+    index_t changed_outside = 0;
+    for (index_t b = 0; b < B; ++b)
+      for (index_t s = 0; s < S; ++s)
+        for (index_t h = 0; h < W; ++h)
+          for (index_t d = 0; d < D; ++d) {
+            if (h >= H && h < H + Hkv) {
+              worst = std::max(worst, std::abs(fused(b, s, h, d) - dk(b, s, h - H, d)));
+              worst = std::max(worst, std::abs(kc(b, s, h - H, d) - dk(b, s, h - H, d)));
+            } else {
+              changed_outside +=
+                  fused(b, s, h, d) != x[static_cast<std::size_t>(&fused(b, s, h, d) - y.data())] ? 1 : 0;
+            }
+          }
+    CHECK(worst == 0.0);
+    CHECK(changed_outside == 0);
+    CHECK(std::count(cache.begin(), cache.end(), -7.0) == static_cast<long>(cache.size()) - B * S * Hkv * D);
+    // in and out the same buffer with other strides overlap: refused
+    CHECK_THROWS_WITH(r.apply(posenc::heads_view<const double>(fused.slice_heads(H, Hkv)),
+                              fused.slice_heads(H + 1, Hkv), posenc::view(pos)),
+                      Catch::Contains("must not overlap in"));
+  }
+}
+
 TEST_CASE("rope: shift(k, delta) equals applying at position + delta", "[rope][shift]") {
   for (auto layout : {posenc::rope_layout::half, posenc::rope_layout::interleaved}) {
     posenc::rope_config c = base_config(64, 10000.0, layout);

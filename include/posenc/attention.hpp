@@ -59,10 +59,12 @@ namespace detail {
 template <class A, class B>
 [[nodiscard]] bool memory_overlaps(const heads_view<A>& x, const heads_view<B>& y) {
   if (x.size() == 0 || y.size() == 0) return false;
+  // the spans of memory the views reach: strided views that interleave (the q and k heads of one
+  // fused buffer) count as overlapping, which only the inputs may do
   const auto* x0 = reinterpret_cast<const char*>(x.data());
   const auto* y0 = reinterpret_cast<const char*>(y.data());
-  const auto* x1 = x0 + x.size() * static_cast<index_t>(sizeof(*x.data()));
-  const auto* y1 = y0 + y.size() * static_cast<index_t>(sizeof(*y.data()));
+  const auto* x1 = x0 + x.extent() * static_cast<index_t>(sizeof(*x.data()));
+  const auto* y1 = y0 + y.extent() * static_cast<index_t>(sizeof(*y.data()));
   return std::less<const char*>{}(x0, y1) && std::less<const char*>{}(y0, x1);
 }
 

@@ -155,8 +155,8 @@ class rope_frequencies {
     run(heads_view<const T>(x), x, pos, static_cast<const rope_table<T>*>(nullptr));
   }
 
-  /// out = RoPE(in); in and out have the same shape (either layout each) and must not overlap unless
-  /// they are the same buffer in the same layout (then it is the in-place apply).
+  /// out = RoPE(in); in and out have the same shape (any layout or strides each) and must not overlap
+  /// unless they are the same view, same buffer and strides (then it is the in-place apply).
   template <class In, class T>
     requires(std::is_same_v<std::remove_const_t<In>, T> && !std::is_const_v<T>)
   void apply(heads_view<In> in, heads_view<T> out, positions_view pos) const {
@@ -335,13 +335,13 @@ class rope_frequencies {
     require(in.batch() == out.batch() && in.seq() == out.seq() && in.heads() == out.heads(), "out",
             "must have the shape of in", "[", out.batch(), ", ", out.seq(), ", ", out.heads(), "] vs [", in.batch(),
             ", ", in.seq(), ", ", in.heads(), "]");
-    const bool same = in.data() == out.data() && in.order() == out.order();
+    const bool same = in.data() == out.data() && in.strides() == out.strides();
     if (!same && in.size() > 0) {
       const auto* a0 = reinterpret_cast<const char*>(in.data());
-      const auto* a1 = reinterpret_cast<const char*>(in.data() + in.size());
+      const auto* a1 = reinterpret_cast<const char*>(in.data() + in.extent());
       const auto* b0 = reinterpret_cast<const char*>(out.data());
-      const auto* b1 = reinterpret_cast<const char*>(out.data() + out.size());
-      require(a1 <= b0 || b1 <= a0, "out", "must not overlap in (except being the same buffer and layout)");
+      const auto* b1 = reinterpret_cast<const char*>(out.data() + out.extent());
+      require(a1 <= b0 || b1 <= a0, "out", "must not overlap in (except being the same view: same buffer and strides)");
     }
   }
   template <class T>
@@ -357,7 +357,7 @@ class rope_frequencies {
   /// The apply loop: for each token, one cos/sin row (computed or from the table), then every head.
   template <class T>
   void run(heads_view<const T> in, heads_view<T> out, positions_view pos, const rope_table<T>* table) const {
-    const bool inplace = in.data() == out.data() && in.order() == out.order();
+    const bool inplace = in.data() == out.data() && in.strides() == out.strides();
     const bool il = interleaved();
     std::vector<T> scratch(static_cast<std::size_t>(table ? 0 : width()));
     for (index_t b = 0; b < out.batch(); ++b) {
