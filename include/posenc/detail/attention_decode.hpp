@@ -13,7 +13,8 @@
 //                  order: bitwise the same for any pool.
 //   operand supply the caller's key and value rows in place, f16 / bf16 widened inside the products'
 //                  loads (decode_kernels.hpp kv_packets); staged a tile at a time only for an encoding
-//                  that rotates keys or an ISA without in-register widening. The products prefetch
+//                  that rotates keys, half keys in the column layout, or an ISA without in-register
+//                  widening (the staging prefetches as the products do). The products prefetch
 //                  the cache rows one tile (32 keys) ahead of the ones they read, once per line, at
 //                  the pace they read (decode_prefetch_rows); prefetching the next tile in a burst
 //                  measured slower (f32, 1 row: 1.65 -> 2.0 ms).
@@ -243,7 +244,8 @@ class decode_attention {
 
   /// Rows of K or V as the products read them: in the cache (stored as KV, or as T when that is the
   /// cache's type) or staged in T; `ahead` rows of the same head are prefetched for the cache's rows
-  /// (decode_kernels.hpp decode_prefetch_rows, decode_scratch::ahead), none for a staged copy.
+  /// (decode_kernels.hpp decode_prefetch_rows, decode_scratch::ahead), none for a staged copy (the
+  /// staging prefetches the cache's rows instead: kv_storage.hpp stage_rows).
   template <class E>
   struct rows_ref {
     const E* data;
@@ -331,7 +333,7 @@ class decode_attention {
       return in_cache<T>(k_, b, blk.first, hk, sc.ahead);
     } else {
       T* dst = grow(sc.k_work, blk.cols * dim_);
-      stage_rows(k_.row(b, blk.first, hk), k_.token_stride(), blk.cols, dim_, dst);
+      stage_rows(k_.row(b, blk.first, hk), k_.token_stride(), blk.cols, dim_, dst, sc.ahead);
       if constexpr (transforms_keys)
         enc_.transform_qk(qk_role::key, hk,
                           std::span<const std::int64_t>(masks_.kp(b) + blk.first, static_cast<std::size_t>(blk.cols)),
@@ -437,7 +439,7 @@ class decode_attention {
       if constexpr (direct)
         if (!stage_stored_rows()) return in_cache<T>(x, b, blk.first, hk, ahead);
       T* dst = grow(buffer, blk.cols * dim);
-      stage_rows(x.row(b, blk.first, hk), x.token_stride(), blk.cols, dim, dst);
+      stage_rows(x.row(b, blk.first, hk), x.token_stride(), blk.cols, dim, dst, ahead);
       return rows_ref<T>{dst, dim};
     }
   }
