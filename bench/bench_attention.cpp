@@ -235,31 +235,72 @@ void decode_rows(benchmark::State& state) {
   state.counters["of_read"] = static_cast<double>(kv_bytes) * iters / sec / read;
 }
 
+/// A [tokens, kv_heads x d] cache copied into rows `pad_bytes` longer (the padding zero), and the
+/// view of it: rows exactly 4 KiB apart (f32, 8 kv heads of 128) put the same column of every row in
+/// one L1 set, which costs the value products (docs/performance.md › Decode).
+template <class KV>
+struct decode_cache {
+  std::vector<KV> data;
+  Index tokens, heads, dim, stride;
+  decode_cache(const std::vector<KV>& dense, Index tokens_, Index heads_, Index dim_, Index pad_bytes)
+      : tokens(tokens_), heads(heads_), dim(dim_),
+        stride(heads_ * dim_ + pad_bytes / static_cast<Index>(sizeof(KV))) {
+    data.assign(static_cast<std::size_t>(tokens * stride), KV(0));
+    for (Index t = 0; t < tokens; ++t)
+      std::copy_n(dense.begin() + t * heads * dim, heads * dim, data.begin() + t * stride);
+  }
+  [[nodiscard]] posenc::heads_view<const KV> view() const {
+    return posenc::strided(data.data(), 1, tokens, heads, dim, {.batch = tokens * stride, .token = stride, .head = dim});
+  }
+};
+
+/// One decode step of `rows` new query rows (GQA 32/8, causal, at the end of the cache).
+template <class KV>
+void decode_step(const std::vector<float>& q, Index rows, const decode_cache<KV>& k, const decode_cache<KV>& v,
+                 std::vector<float>& out, Eigen::ThreadPool* pool) {
+  constexpr Index H = 32, d = 128;
+  posenc::attention_options opt;
+  opt.causal = true;
+  opt.q_offset = k.tokens - rows;
+  opt.pool = pool;
+  posenc::attention<float>(posenc::bshd<const float>(q.data(), 1, rows, H, d), k.view(), v.view(),
+                           posenc::bshd(out.data(), 1, rows, H, d), posenc::no_position{}, opt);
+  benchmark::DoNotOptimize(out.data());
+  benchmark::ClobberMemory();
+}
+
 // 4 new query rows against 1, on the same cache (GQA 32/8, d = 128, causal), in back-to-back pairs:
 // counter four_over_one, the median of time(4 rows) / time(1 row). The decode step's bytes do not
-// grow with the rows, its arithmetic grows 4x (docs/performance.md › Decode).
+// grow with the rows, its arithmetic grows 4x (docs/performance.md › Decode). pad_bytes: the cache's
+// token rows padded by that many bytes (decode_cache).
 template <class KV>
 void decode_rows_ratio(benchmark::State& state) {
-  const Index Lk = state.range(0), threads = state.range(1);
+  const Index Lk = state.range(0), threads = state.range(1), pad = state.range(2);
   constexpr Index H = 32, Hkv = 8, d = 128;
   const auto q = random_vector(static_cast<std::size_t>(4 * H * d), 1);
-  const auto k = stored_as<KV>(random_vector(static_cast<std::size_t>(Lk * Hkv * d), 2));
-  const auto v = stored_as<KV>(random_vector(static_cast<std::size_t>(Lk * Hkv * d), 3));
+  const decode_cache<KV> k(stored_as<KV>(random_vector(static_cast<std::size_t>(Lk * Hkv * d), 2)), Lk, Hkv, d, pad);
+  const decode_cache<KV> v(stored_as<KV>(random_vector(static_cast<std::size_t>(Lk * Hkv * d), 3)), Lk, Hkv, d, pad);
   std::vector<float> out(q.size());
   const auto pool = make_pool(threads);
-  auto step = [&](Index rows) {
-    posenc::attention_options opt;
-    opt.causal = true;
-    opt.q_offset = Lk - rows;
-    opt.pool = pool.get();
-    posenc::attention<float>(posenc::bshd<const float>(q.data(), 1, rows, H, d),
-                             posenc::bshd<const KV>(k.data(), 1, Lk, Hkv, d),
-                             posenc::bshd<const KV>(v.data(), 1, Lk, Hkv, d), posenc::bshd(out.data(), 1, rows, H, d),
-                             posenc::no_position{}, opt);
-    benchmark::DoNotOptimize(out.data());
-    benchmark::ClobberMemory();
-  };
-  state.counters["four_over_one"] = bench_util::median_pair_ratio(state, [&] { step(1); }, [&] { step(4); });
+  state.counters["four_over_one"] = bench_util::median_pair_ratio(
+      state, [&] { decode_step(q, 1, k, v, out, pool.get()); }, [&] { decode_step(q, 4, k, v, out, pool.get()); });
+}
+
+// The same decode step on a cache whose token rows are padded by pad_bytes, against the dense cache
+// of the same values, in back-to-back pairs: counter padded_over_dense, the median of
+// time(padded) / time(dense).
+template <class KV>
+void decode_padding(benchmark::State& state) {
+  const Index rows = state.range(0), Lk = state.range(1), threads = state.range(2), pad = state.range(3);
+  constexpr Index H = 32, Hkv = 8, d = 128;
+  const auto q = random_vector(static_cast<std::size_t>(rows * H * d), 1);
+  const auto kd = stored_as<KV>(random_vector(static_cast<std::size_t>(Lk * Hkv * d), 2));
+  const auto vd = stored_as<KV>(random_vector(static_cast<std::size_t>(Lk * Hkv * d), 3));
+  const decode_cache<KV> k(kd, Lk, Hkv, d, 0), v(vd, Lk, Hkv, d, 0), kp(kd, Lk, Hkv, d, pad), vp(vd, Lk, Hkv, d, pad);
+  std::vector<float> out(q.size());
+  const auto pool = make_pool(threads);
+  state.counters["padded_over_dense"] = bench_util::median_pair_ratio(
+      state, [&] { decode_step(q, rows, k, v, out, pool.get()); }, [&] { decode_step(q, rows, kp, vp, out, pool.get()); });
 }
 
 // Runs f(head) for the 8 heads, on `threads` threads (heads split evenly, no pool overhead inside).
@@ -410,8 +451,16 @@ void register_decode(const char* kv) {
                                  std::pair<const char*, bench_fn>{"BM_decode_rows_ratio/kv:f16",
                                                                   decode_rows_ratio<Eigen::half>}})
     benchmark::RegisterBenchmark(name, fn)
-        ->ArgsProduct({{4096}, {1, 2}})
-        ->ArgNames({"Lk", "threads"})
+        ->ArgsProduct({{4096}, {1, 2}, {0, 64}})
+        ->ArgNames({"Lk", "threads", "pad_bytes"})
+        ->Unit(benchmark::kMicrosecond)
+        ->UseManualTime()
+        ->MinTime(1.0);
+  for (const auto& [name, fn] : {std::pair<const char*, bench_fn>{"BM_decode_padding/kv:f32", decode_padding<float>},
+                                 std::pair<const char*, bench_fn>{"BM_decode_padding/kv:f16", decode_padding<Eigen::half>}})
+    benchmark::RegisterBenchmark(name, fn)
+        ->ArgsProduct({{1, 4}, {4096, 32768}, {1}, {64}})
+        ->ArgNames({"rows", "Lk", "threads", "pad_bytes"})
         ->Unit(benchmark::kMicrosecond)
         ->UseManualTime()
         ->MinTime(1.0);
