@@ -1009,6 +1009,17 @@ TEST_CASE("merge: rejects mismatched shapes", "[kernel]") {
                     Catch::Contains("lse_b"));
   CHECK(std::all_of(out.begin(), out.end(), [](double x) { return x == 5.0; }));
   CHECK(std::all_of(out_lse.begin(), out_lse.end(), [](double x) { return x == 5.0; }));
+  // out in the memory of a part under other strides (it would overwrite rows not read yet); the part
+  // itself is fine
+  std::vector<double> c(a.size(), 2.0);
+  const auto vc = posenc::bshd<const double>(c.data(), 2, 3, 2, 4);
+  CHECK_THROWS_WITH(posenc::merge<double>(va, l, vc, l, posenc::bhsd(c.data(), 2, 2, 3, 4),
+                                          posenc::tensor_map<double, 3>(out_lse.data(), 2, 2, 3)),
+                    Catch::Contains("out") && Catch::Contains("out_b itself"));
+  CHECK(std::all_of(c.begin(), c.end(), [](double x) { return x == 2.0; }));
+  CHECK_NOTHROW(posenc::merge<double>(va, l, vc, l, posenc::bshd(c.data(), 2, 3, 2, 4),
+                                      posenc::tensor_map<double, 3>(out_lse.data(), 2, 2, 3)));
+  CHECK(std::all_of(c.begin(), c.end(), [](double x) { return std::abs(x - 1.5) < 1e-15; }));
 }
 
 // ---- golden vectors ------------------------------------------------------------------------------

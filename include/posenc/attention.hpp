@@ -276,7 +276,8 @@ void attention(heads_view<const T> q, heads_view<const KV> k, heads_view<const K
 /// sequence-parallel attention; FlashAttention-2 section 3.1.1 / Flash-Decoding): with
 /// m = max(lse_a, lse_b), w_x = exp(lse_x - m),
 ///   out = (w_a out_a + w_b out_b) / (w_a + w_b),  lse = m + log(w_a + w_b).
-/// A row that neither part sees stays zero with lse -inf. out may be out_a or out_b (same layout).
+/// A row that neither part sees stays zero with lse -inf. out may be out_a or out_b (the same view:
+/// same buffer and strides), and must not overlap them otherwise.
 template <class T>
 void merge(heads_view<const T> out_a, tensor_map<const T, 3> lse_a, heads_view<const T> out_b,
            tensor_map<const T, 3> lse_b, heads_view<T> out, tensor_map<T, 3> lse) {
@@ -296,6 +297,14 @@ void merge(heads_view<const T> out_a, tensor_map<const T, 3> lse_a, heads_view<c
   lse_shape(lse_a, "lse_a");
   lse_shape(lse_b, "lse_b");
   lse_shape(lse, "lse");
+  // each row is read before it is written, so out may be a part itself, but not another view of its memory
+  const auto is_view_of = [&](const heads_view<const T>& x) {
+    return x.data() == out.data() && x.strides() == out.strides();
+  };
+  require(is_view_of(out_a) || !detail::memory_overlaps(out, out_a), "out",
+          "must be out_a itself (same buffer and strides) or not overlap it");
+  require(is_view_of(out_b) || !detail::memory_overlaps(out, out_b), "out",
+          "must be out_b itself (same buffer and strides) or not overlap it");
   constexpr T neg_inf = -std::numeric_limits<T>::infinity();
   for (index_t b = 0; b < B; ++b)
     for (index_t h = 0; h < H; ++h)
