@@ -1883,75 +1883,22 @@ void check_strided(const config& c, row_padding pad) {
 
 TEST_CASE("attention: strided views (padded rows, a preallocated cache's first tokens), both paths, f32 / f16 K/V",
           "[kernel][decode][view]") {
-  std::vector<config> cs;
   // decode: 1 row per query head (keys swept across the kv heads, whose rows are now apart), 4 and
   // 16 rows per kv head (the column layout), a BHSD cache; tiled: a prefill
-  cs.push_back(config{.B = 2,
-                      .Sq = 1,
-                      .Sk = 1100,
-                      .H = 8,
-                      .Hkv = 2,
-                      .D = 64,
-                      .Dv = 64,
-                      .causal = true,
-                      .pad = padding::mask,
-                      .off = offset::q_offset,
-                      .seed = 41});
-  cs.push_back(config{.B = 2,
-                      .Sq = 1,
-                      .Sk = 700,
-                      .H = 32,
-                      .Hkv = 8,
-                      .D = 128,
-                      .Dv = 128,
-                      .causal = true,
-                      .off = offset::q_offset,
-                      .seed = 42});
-  cs.push_back(config{.B = 1,
-                      .Sq = 4,
-                      .Sk = 1300,
-                      .H = 8,
-                      .Hkv = 2,
-                      .D = 40,
-                      .Dv = 24,
-                      .causal = true,
-                      .off = offset::q_offset,
-                      .seed = 43});
-  cs.push_back(config{.B = 2,
-                      .Sq = 3,
-                      .Sk = 900,
-                      .H = 4,
-                      .Hkv = 1,
-                      .D = 32,
-                      .Dv = 32,
-                      .order = layout::bhsd,
-                      .causal = true,
-                      .pad = padding::lengths,
-                      .off = offset::q_offset,
-                      .seed = 44});
-  cs.push_back(config{.B = 2,
-                      .Sq = 70,
-                      .Sk = 90,
-                      .H = 4,
-                      .Hkv = 2,
-                      .D = 24,
-                      .Dv = 16,
-                      .causal = true,
-                      .pad = padding::mask,
-                      .off = offset::q_offset,
-                      .q_block = 32,
-                      .k_block = 64,
-                      .seed = 45});
-  cs.push_back(config{.B = 2,
-                      .Sq = 50,
-                      .Sk = 50,
-                      .H = 2,
-                      .Hkv = 2,
-                      .D = 16,
-                      .Dv = 16,
-                      .order = layout::bhsd,
-                      .causal = true,
-                      .seed = 46});
+  std::vector<config> cs;
+  auto add = [&](Index B, Index sq, Index sk, Index h, Index hkv, Index d, Index dv, layout order, padding pad,
+                 offset off) {
+    cs.push_back(config{.B = B, .Sq = sq, .Sk = sk, .H = h, .Hkv = hkv, .D = d, .Dv = dv, .order = order,
+                        .causal = true, .pad = pad, .off = off, .seed = static_cast<unsigned>(41 + cs.size())});
+  };
+  add(2, 1, 1100, 8, 2, 64, 64, layout::bshd, padding::mask, offset::q_offset);
+  add(2, 1, 700, 32, 8, 128, 128, layout::bshd, padding::none, offset::q_offset);
+  add(1, 4, 1300, 8, 2, 40, 24, layout::bshd, padding::none, offset::q_offset);
+  add(2, 3, 900, 4, 1, 32, 32, layout::bhsd, padding::lengths, offset::q_offset);
+  add(2, 70, 90, 4, 2, 24, 16, layout::bshd, padding::mask, offset::q_offset);
+  add(2, 50, 50, 2, 2, 16, 16, layout::bhsd, padding::none, offset::none);
+  cs[4].q_block = 32;
+  cs[4].k_block = 64;
   for (const config& c : cs)
     for (const row_padding pad :
          {row_padding{.token = 16}, row_padding{.head = 3, .token = 5, .batch = 7, .tokens = 33},
