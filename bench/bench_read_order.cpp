@@ -27,7 +27,7 @@ namespace {
 using posenc::index_t;
 namespace in = Eigen::internal;
 using packet = in::packet_traits<float>::type;
-constexpr index_t width = in::unpacket_traits<packet>::size;
+constexpr index_t width = in::packet_traits<float>::size;  // (unpacket_traits<packet>: g++ warns of ignored attributes)
 constexpr index_t heads = 8, dim = 128, token = heads * dim, tile = 32, sweep = 4;
 /// FMAs per packet: 8 per 16 floats, whatever the packet width.
 constexpr int fmas = static_cast<int>(8 * width / 16 > 0 ? 8 * width / 16 : 1);
