@@ -10,7 +10,10 @@
 //              add_weighted       O += P V, 4 rows, head by head
 //              column_dots        S^T = K Q^T, 16 rows per kv head (the 4-row step; with AVX-512
 //                                 two dimensions per broadcast, whatever layout q holds)
-//              add_weighted_rows  O += P V from P^T, 16 rows
+//              add_weighted_rows  O += P V from P^T, 16 rows, 8 rows x 2 packets at a time (other ISAs,
+//                                 f16 / bf16 values, 8 or fewer rows)
+//              add_weighted_pairs O += P V from P^T, 16 rows, value pairs broadcast against the weights
+//                                 duplicated (AVX-512, f32 values; the pair layout of O)
 //     layout   l1    each head's 32 rows adjacent and the same 16 KiB tile for every head: in L1
 //              l2    each head's 32 rows adjacent, the heads' tiles one after the other: 128 KiB, in L2
 //              bshd  rows 4 KiB apart (8 kv heads x 128 floats a token), the heads' tiles in turn,
@@ -57,7 +60,7 @@ float fma_peak(index_t n) {
   return in::predux(c[0]);
 }
 
-enum class product { row_dots, add_weighted, column_dots, add_weighted_rows };
+enum class product { row_dots, add_weighted, column_dots, add_weighted_rows, add_weighted_pairs };
 enum class layout { l1, l2, bshd };
 
 /// The operands of one tile of the 8 kv heads, and the product run over them.
@@ -69,6 +72,7 @@ struct tile {
   std::vector<float> q = std::vector<float>(static_cast<std::size_t>(heads * rows * dim), 1e-2f);
   std::vector<float> scores = std::vector<float>(static_cast<std::size_t>(heads * rows * keys), 1e-2f);
   std::vector<float> out = std::vector<float>(static_cast<std::size_t>(heads * rows * dim), 0.f);
+  std::vector<float> weights = std::vector<float>(static_cast<std::size_t>(32 * keys), 0.f);
 
   /// Head h's first row and the row stride: in place in BSHD, head h's contiguous tile (l2), or the one
   /// contiguous tile (l1).
@@ -108,6 +112,13 @@ struct tile {
           dk::add_weighted_rows(scores.data() + h * rows * n, rows, rows, rows_of(h), stride(), n, d,
                                 out.data() + h * rows * d, d, static_cast<const float*>(nullptr));
         break;
+      case product::add_weighted_pairs:
+#if defined(EIGEN_VECTORIZE_AVX512)
+        for (index_t h = 0; h < hs; ++h)
+          dk::add_weighted_pairs(scores.data() + h * rows * n, rows, rows_of(h), stride(), n, d,
+                                 out.data() + h * rows * d, nullptr, 0, weights.data(), nullptr);
+#endif
+        break;
     }
     benchmark::DoNotOptimize(scores.data());
     benchmark::DoNotOptimize(out.data());
@@ -138,8 +149,12 @@ void products(benchmark::State& state, product what, layout where) {
   const std::pair<const char*, product> names[] = {{"row_dots", product::row_dots},
                                                    {"add_weighted", product::add_weighted},
                                                    {"column_dots", product::column_dots},
-                                                   {"add_weighted_rows", product::add_weighted_rows}};
-  for (const auto& [name, what] : names)
+                                                   {"add_weighted_rows", product::add_weighted_rows},
+                                                   {"add_weighted_pairs", product::add_weighted_pairs}};
+  for (const auto& [name, what] : names) {
+#if !defined(EIGEN_VECTORIZE_AVX512)
+    if (what == product::add_weighted_pairs) continue;
+#endif
     for (const auto& [lname, where] :
          {std::pair<const char*, layout>{"l1", layout::l1}, {"l2", layout::l2}, {"bshd", layout::bshd}})
       benchmark::RegisterBenchmark((std::string("BM_decode_products/") + name + "/layout:" + lname).c_str(),
@@ -147,6 +162,7 @@ void products(benchmark::State& state, product what, layout where) {
           ->Unit(benchmark::kMicrosecond)
           ->UseManualTime()
           ->MinTime(1.0);
+  }
   return true;
 }();
 

@@ -1565,6 +1565,9 @@ std::vector<config> decode_configs() {
   // (AVX-512: pairs of dimensions, the last pair alone) with keys ending mid-block, 6 and 16 rows
   add(3, 1100, 4, 2, 33, 33, layout::bshd, true, padding::none, offset::q_offset);
   add(8, 1190, 2, 1, 66, 66, layout::bshd, true, padding::mask, offset::q_offset);
+  // the column layout's value sums: in pairs (AVX-512: more than 8 rows, f32 values, dv even; above:
+  // 10, 12 and 16 rows, dv 24, 64 and 66), and row by row for an odd dv
+  add(5, 900, 4, 2, 32, 17, layout::bshd, true, padding::none, offset::q_offset);
   return out;
 }
 

@@ -395,6 +395,13 @@ constexpr bool column_pairs(index_t lanes, index_t d) {
 }
 
 #if defined(EIGEN_VECTORIZE_AVX512)
+/// (x[0], x[1]) in every pair of lanes: the two floats as one 64-bit element (vbroadcastsd).
+POSENC_ALWAYS_INLINE __m512 broadcast_pair(const float* x) {
+  double pair;
+  std::memcpy(&pair, x, sizeof pair);
+  return _mm512_castpd_ps(_mm512_set1_pd(pair));
+}
+
 /// KB keys of column_dots with the dimensions in pairs: each key's pair (k[t], k[t+1]) is broadcast as
 /// one 64-bit element to a whole packet and multiplies two packets of queries, lane l of packet i
 /// holding row 8 i + l / 2 at dimension t + l % 2 (column_queries); the two lanes of a row are added
@@ -413,9 +420,7 @@ inline void column_pair_block(const float* qp, index_t d, const float* k, index_
   sweep_dims<2>(kr, d, k_stride, ahead, [&](index_t t) {  // dimensions t, t + 1
     const __m512 qa = _mm512_loadu_ps(qp + t * 16), qb = _mm512_loadu_ps(qp + t * 16 + 16);
     for (int j = 0; j < KB; ++j) {
-      double pair;  // the two floats as one 64-bit element (vbroadcastsd)
-      std::memcpy(&pair, kr[j] + t, sizeof pair);
-      const __m512 kb = _mm512_castpd_ps(_mm512_set1_pd(pair));
+      const __m512 kb = broadcast_pair(kr[j] + t);
       acc[j][0] = _mm512_fmadd_ps(kb, qa, acc[j][0]);
       acc[j][1] = _mm512_fmadd_ps(kb, qb, acc[j][1]);
     }
@@ -561,6 +566,71 @@ void add_weighted_rows(const T* pt, index_t ld, index_t rows, const KV* v, index
       add_weighted_rows_block<R()>(pt + r, ld, v, v_stride, cols, dv, o + r * o_stride, o_stride,
                                    alpha != nullptr ? alpha + r : nullptr, r == 0 ? ahead : 0);
     });
+}
+
+#if defined(EIGEN_VECTORIZE_AVX512)
+/// O += P V for up to 16 rows in the pair layout of column_queries (lane l of packet i of dimension pair
+/// p: row 8 i + l / 2, dimension 2 p + l % 2), so that each value pair (v[t], v[t+1]) is broadcast once
+/// (broadcast_pair) for two FMAs against the weights duplicated the same way (weight_pairs), and each
+/// value line is read once for all the rows. NPR dimension pairs from dimension t, over all `cols` keys.
+template <int NPR>
+POSENC_ALWAYS_INLINE void weighted_pairs_block(const float* wp, const float* v, index_t v_stride, index_t cols,
+                                               index_t t, float* oc, const float* alpha, index_t ahead) {
+  __m512 acc[NPR][2];
+  for (int i = 0; i < NPR; ++i)
+    for (int g = 0; g < 2; ++g) acc[i][g] = _mm512_loadu_ps(oc + (t / 2 + i) * 32 + g * 16);
+  if (alpha != nullptr)
+    for (int g = 0; g < 2; ++g) {
+      const __m512 a = _mm512_loadu_ps(alpha + g * 16);
+      for (int i = 0; i < NPR; ++i) acc[i][g] = _mm512_mul_ps(acc[i][g], a);
+    }
+  const float* vr = v + t;
+  hide_pointer(vr);
+  for (index_t j = 0; j < cols; ++j, vr += v_stride) {
+    const __m512 w0 = _mm512_loadu_ps(wp + j * 32), w1 = _mm512_loadu_ps(wp + j * 32 + 16);
+    if (ahead > 0 && starts_line<float>(t)) prefetch_rows_ahead(vr, ahead, v_stride);
+    for (int i = 0; i < NPR; ++i) {
+      const __m512 b = broadcast_pair(vr + 2 * i);
+      acc[i][0] = _mm512_fmadd_ps(b, w0, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(b, w1, acc[i][1]);
+    }
+  }
+  for (int i = 0; i < NPR; ++i)
+    for (int g = 0; g < 2; ++g) _mm512_storeu_ps(oc + (t / 2 + i) * 32 + g * 16, acc[i][g]);
+}
+
+/// The weights of add_weighted_pairs: wp [cols x 32], row j = P^T's row j (16 lanes, one per query row)
+/// with each lane twice, and alpha (16 lanes) the same way when `alpha` is not null.
+inline void weight_pairs(const float* pt, index_t ld, index_t cols, float* wp, const float* alpha, float* alpha_pairs) {
+  const __m512i lo = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  const __m512i hi = _mm512_setr_epi32(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
+  auto twice = [&](const float* x, float* dst) {
+    const __m512 p = _mm512_loadu_ps(x);
+    _mm512_storeu_ps(dst, _mm512_permutexvar_ps(lo, p));
+    _mm512_storeu_ps(dst + 16, _mm512_permutexvar_ps(hi, p));
+  };
+  for (index_t j = 0; j < cols; ++j) twice(pt + j * ld, wp + j * 32);
+  if (alpha != nullptr) twice(alpha, alpha_pairs);
+}
+
+/// O (pair layout, oc [dv / 2 x 32]) = diag(alpha) O + P V from P^T (cols x 16 lanes, row stride ld) and
+/// V (cols x dv, dv even) in f32: 8 dimension pairs (one value line) at a time. `wp` holds 32 x cols
+/// floats, `alpha_pairs` 32 (scratch).
+inline void add_weighted_pairs(const float* pt, index_t ld, const float* v, index_t v_stride, index_t cols, index_t dv,
+                               float* oc, const float* alpha, index_t ahead, float* wp, float* alpha_pairs) {
+  weight_pairs(pt, ld, cols, wp, alpha, alpha_pairs);
+  const float* a = alpha != nullptr ? alpha_pairs : nullptr;
+  index_t t = 0;
+  for (; t + 16 <= dv; t += 16) weighted_pairs_block<8>(wp, v, v_stride, cols, t, oc, a, ahead);
+  for (; t < dv; t += 2) weighted_pairs_block<1>(wp, v, v_stride, cols, t, oc, a, ahead);
+}
+#endif
+
+/// acc (rows x dv, row stride dv) = oc in the pair layout (add_weighted_pairs), rows <= 16, dv even.
+template <class T>
+void unpair_rows(const T* oc, index_t rows, index_t dv, T* acc) {
+  for (index_t r = 0; r < rows; ++r)
+    for (index_t t = 0; t < dv; ++t) acc[r * dv + t] = oc[t / 2 * 32 + r / 8 * 16 + r % 8 * 2 + t % 2];
 }
 
 /// R output rows, N packets each from column t: o_r[t .. t+N*W) += sum_j p_r[j] v_j[t .. t+N*W), the
