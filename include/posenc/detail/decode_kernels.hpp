@@ -381,6 +381,10 @@ void column_dots_n(const T* qc, index_t d, const T* k, index_t k_stride, index_t
   });
 }
 
+/// Where the pair layout (column_queries with column_pairs, add_weighted_pairs' O) keeps row r (< 16),
+/// dimension t: packet 2 (t / 2) + r / 8, lane 2 (r % 8) + t % 2.
+constexpr index_t pair_offset(index_t r, index_t t) { return t / 2 * 32 + r / 8 * 16 + r % 8 * 2 + t % 2; }
+
 /// Whether column_dots takes the dimensions in pairs (column_pair_block): float with AVX-512, one packet
 /// of 16 rows, d even.
 template <class T>
@@ -473,7 +477,7 @@ void column_queries(const T* q, index_t q_stride, index_t rows, index_t d, index
   std::fill(qc, qc + d * lanes, T(0));
   if (column_pairs<T>(lanes, d)) {
     for (index_t r = 0; r < rows; ++r)
-      for (index_t t = 0; t < d; ++t) qc[t / 2 * 32 + r / 8 * 16 + r % 8 * 2 + t % 2] = q[r * q_stride + t];
+      for (index_t t = 0; t < d; ++t) qc[pair_offset(r, t)] = q[r * q_stride + t];
   } else {
     transpose_into(q, q_stride, d, rows, qc, lanes);
   }
@@ -630,7 +634,7 @@ inline void add_weighted_pairs(const float* pt, index_t ld, const float* v, inde
 template <class T>
 void unpair_rows(const T* oc, index_t rows, index_t dv, T* acc) {
   for (index_t r = 0; r < rows; ++r)
-    for (index_t t = 0; t < dv; ++t) acc[r * dv + t] = oc[t / 2 * 32 + r / 8 * 16 + r % 8 * 2 + t % 2];
+    for (index_t t = 0; t < dv; ++t) acc[r * dv + t] = oc[pair_offset(r, t)];
 }
 
 /// R output rows, N packets each from column t: o_r[t .. t+N*W) += sum_j p_r[j] v_j[t .. t+N*W), the
