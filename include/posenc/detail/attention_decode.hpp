@@ -16,7 +16,8 @@
 //                  that rotates keys, half keys in the column layout, or an ISA without in-register
 //                  widening (the staging prefetches as the products do). The products prefetch
 //                  the cache rows one tile (32 keys) ahead of the ones they read, once per line, at
-//                  the pace they read (decode_prefetch_rows); prefetching the next tile in a burst
+//                  the pace they read (decode_prefetch_rows), the keys swept across the heads 4 rows
+//                  ahead into L1 (decode_key_prefetch_rows_l1); prefetching the next tile in a burst
 //                  measured slower (f32, 1 row: 1.65 -> 2.0 ms).
 //   tile math      S = scale Q K^T, the encoding's score terms and bias per query head, masks, online
 //                  softmax, O += P V; per segment (O, m, l) are kept and merged exactly at the end (the

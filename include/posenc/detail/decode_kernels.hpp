@@ -105,6 +105,19 @@ struct kv_packets<Eigen::bfloat16, float> {
 /// Lk <= 1024) pays for the instructions, 1.12-1.23.
 inline constexpr index_t decode_prefetch_rows = 32;
 
+/// The keys swept across the heads (row_dots_across_heads) prefetch into L1 instead, 4 rows ahead: a
+/// block of 4 keys reads 4 whole token rows in turn (16 KiB in BSHD with f32, 8 kv heads of 128),
+/// and the same lines 4 rows further are the next block's, read about a block's time later; in L1
+/// with the current block they take 32 KiB of its 48. A plain read of a 268 MB cache ran fastest the
+/// same way (into L1, 4 KiB ahead: 0.75-0.80 of the triad's rate, into L2 0.71-0.74). Paired calls, time
+/// against 32 rows ahead into L2 (1 row, GQA 32/8, d = 128, Zen 5 VM): f32 Lk = 32768 0.90-0.94,
+/// 2 threads 0.90, Lk = 4096 0.88, Lk = 1024 0.95; f16 0.97-0.98, bf16 0.98. 2 rows ahead measured
+/// 0.96-0.99 (f32) and up to 1.39 (f16), 6 rows 1.04 against 4, both prefetches together 1.12 against
+/// this one. The values, read head by head (32 rows of a head in turn, all in one L1 set when rows are
+/// 4 KiB apart), keep the L2 prefetch: every product prefetching into L1 4 rows ahead measured f16
+/// 1.32, f32 4 rows 1.14, f32 1 row 0.97-1.02.
+inline constexpr index_t decode_key_prefetch_rows_l1 = 4;
+
 /// Whether element t of a row of E starts a new 64-byte span of it: the products prefetch once per
 /// span, not once per load (a packet of f16 is half a line; column_dots reads 4 elements per step).
 template <class E>
@@ -161,7 +174,7 @@ POSENC_ALWAYS_INLINE void store_sums<4, 4, __m512, float>(const __m512 (&acc)[4]
 /// s[r * s_stride + j] = dot(q row r, k row j) for R rows x J keys, the dimension d in whole packets
 /// (dv = d rounded down to them) and a scalar tail. D > 0: d is D, known at compile time
 /// (with_head_dim).
-template <int R, int J, index_t D = 0, class T, class KV>
+template <int R, int J, index_t D = 0, int Locality = 2, class T, class KV>
 POSENC_ALWAYS_INLINE void row_dots_block(const T* q, index_t q_stride, const KV* k, index_t k_stride, index_t d_run,
                                          T* s, index_t s_stride, index_t ahead) {
   using P = typename packet_of<T>::type;
@@ -176,7 +189,7 @@ POSENC_ALWAYS_INLINE void row_dots_block(const T* q, index_t q_stride, const KV*
     P kp[J];
     for (int j = 0; j < J; ++j) kp[j] = kv_packets<KV, T>::load(k + j * k_stride + t);
     if (ahead > 0 && starts_line<KV>(t))
-      for (int j = 0; j < J; ++j) prefetch_rows_ahead(k + j * k_stride + t, ahead, k_stride);
+      for (int j = 0; j < J; ++j) prefetch_rows_ahead<Locality>(k + j * k_stride + t, ahead, k_stride);
     for (int r = 0; r < R; ++r) {
       const P qp = in::ploadu<P>(q + r * q_stride + t);
       for (int j = 0; j < J; ++j) acc[r][j] = in::pmadd(qp, kp[j], acc[r][j]);
@@ -261,20 +274,23 @@ inline void with_head_dim(index_t d, F&& f) {
 /// rows of all heads are one contiguous run: address order). q(h): head h's R rows (row stride d); key
 /// j of head h at k + j * k_stride + h * k_head; head h's scores at s + h * s_head, R x cols (row
 /// stride cols). More rows per head sweep the tile once per block (from L2 after the first). D as
-/// row_dots_block. The blocks are called here directly, not through row_dots: one call of it per
-/// block and head (its row-block dispatch, not inlined) measured 0.88-0.94x the time without it (f32,
-/// 1 row, GQA 32/8, d = 128, Lk = 512 to 32768), and f16 0.91x at Lk = 4096.
+/// row_dots_block; `ahead` > 0: the keys are prefetched into L1 decode_key_prefetch_rows_l1 rows
+/// ahead (0: the item reads no further tile). The blocks are called here directly, not through
+/// row_dots: one call of it per block and head (its row-block dispatch, not inlined) measured
+/// 0.88-0.94x the time without it (f32, 1 row, GQA 32/8, d = 128, Lk = 512 to 32768), and f16 0.91x
+/// at Lk = 4096.
 template <int R, index_t D, class T, class KV, class Q>
 void row_dots_across_heads(Q&& q, index_t heads, const KV* k, index_t k_stride, index_t k_head, index_t cols, index_t d,
                            T* s, index_t s_head, index_t ahead) {
   constexpr int J = dot_block_keys;
+  const index_t near = ahead > 0 ? decode_key_prefetch_rows_l1 : 0;  // `ahead` = 0: nothing past the item
   index_t j = 0;
   for (; j + J <= cols; j += J)
     for (index_t h = 0; h < heads; ++h)
-      row_dots_block<R, J, D>(q(h), d, k + j * k_stride + h * k_head, k_stride, d, s + h * s_head + j, cols, ahead);
+      row_dots_block<R, J, D, 3>(q(h), d, k + j * k_stride + h * k_head, k_stride, d, s + h * s_head + j, cols, near);
   for (; j < cols; ++j)
     for (index_t h = 0; h < heads; ++h)
-      row_dots_block<R, 1, D>(q(h), d, k + j * k_stride + h * k_head, k_stride, d, s + h * s_head + j, cols, ahead);
+      row_dots_block<R, 1, D, 3>(q(h), d, k + j * k_stride + h * k_head, k_stride, d, s + h * s_head + j, cols, near);
 }
 
 /// The column layout, for groups of more than 4 rows: a packet holds one key's scores for up to W
