@@ -13,10 +13,12 @@
 // Speed targets live here and in docs/performance.md, never in unit tests.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <posenc/attention.hpp>
 #include <random>
@@ -101,31 +103,35 @@ void BM_fused(benchmark::State& state) {
 // Counters: KV_GBps, the K/V bytes one call reads over its time; triad_GBps, a STREAM triad
 // (a = b + s c) moving the same number of bytes on the same threads, measured in the same row right
 // before and after the timed loop (the better of the two); of_triad = KV_GBps / triad_GBps (1 = the
-// call runs at the memory speed of this machine); read_GBps, a plain read of the cache itself (a sum
-// of its 64-bit words, in address order, split over the same threads, measured like the triad) and
-// of_read = KV_GBps / read_GBps: what a reader of those bytes gets without arithmetic (from DRAM on a
-// Zen 5 VM: 0.85-0.9x the triad on one core, 0.9-1.1x on two); GFLOPs as 4 rows Lk d per query head.
-/// The best of 5 runs of part(t, parts) on each of the pool's threads (t < parts), as `bytes` per second.
+// call runs at the memory speed of this machine); read_GBps, a plain read of the cache itself
+// (cache_reader, split over the same threads, measured like the triad) and of_read = KV_GBps /
+// read_GBps: what a reader of those bytes gets without arithmetic (from DRAM on a Zen 5 VM: 0.95-1.0x
+// the triad on one core); GFLOPs as 4 rows Lk d per query head. BM_decode_floor measures the two
+// ratios in turns with the step instead (below).
+/// Seconds of one run of part(t, parts) on each of the pool's threads (t < parts), the caller waiting.
+template <class Part>
+double run_parts(Eigen::ThreadPool* pool, Part&& part) {
+  const int parts = pool != nullptr ? pool->NumThreads() : 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (pool == nullptr) {
+    part(0, 1);
+  } else {
+    Eigen::Barrier done(static_cast<unsigned>(parts));
+    for (int t = 0; t < parts; ++t)
+      pool->Schedule([&, t] {
+        part(t, parts);
+        done.Notify();
+      });
+    done.Wait();
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+/// The best of 5 runs of part(t, parts) on each of the pool's threads, as `bytes` per second.
 template <class Part>
 double best_rate(std::size_t bytes, Eigen::ThreadPool* pool, Part part) {
-  const int parts = pool != nullptr ? pool->NumThreads() : 1;
   double best = 0;
-  for (int rep = 0; rep < 5; ++rep) {
-    const auto t0 = std::chrono::steady_clock::now();
-    if (pool == nullptr) {
-      part(0, 1);
-    } else {
-      Eigen::Barrier done(static_cast<unsigned>(parts));
-      for (int t = 0; t < parts; ++t)
-        pool->Schedule([&, t] {
-          part(t, parts);
-          done.Notify();
-        });
-      done.Wait();
-    }
-    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::max(best, static_cast<double>(bytes) / sec);
-  }
+  for (int rep = 0; rep < 5; ++rep) best = std::max(best, static_cast<double>(bytes) / run_parts(pool, part));
   return best;
 }
 
@@ -135,49 +141,72 @@ std::pair<std::size_t, std::size_t> part_range(std::size_t n, int t, int parts) 
           n * static_cast<std::size_t>(t + 1) / static_cast<std::size_t>(parts)};
 }
 
-/// Bytes per second of a triad over `bytes` (three arrays), split over the pool's threads.
-double triad_rate(std::size_t bytes, Eigen::ThreadPool* pool) {
-  const std::size_t n = bytes / (3 * sizeof(float));
-  std::vector<float> a(n, 0.f), b = random_vector(n, 7), c = random_vector(n, 8);
-  const double rate = best_rate(3 * n * sizeof(float), pool, [&](int t, int parts) {
-    const auto [lo, hi] = part_range(n, t, parts);
+/// A STREAM triad a = b + s c over three arrays of `bytes` / 3 together, split over the pool's threads.
+struct triad_arrays {
+  std::vector<float> a, b, c;
+  explicit triad_arrays(std::size_t bytes)
+      : a(bytes / (3 * sizeof(float)), 0.f), b(random_vector(a.size(), 7)), c(random_vector(a.size(), 8)) {}
+  [[nodiscard]] std::size_t bytes() const { return 3 * a.size() * sizeof(float); }
+  void operator()(int t, int parts) {
+    const auto [lo, hi] = part_range(a.size(), t, parts);
     float* __restrict pa = a.data();
     const float* __restrict pb = b.data();
     const float* __restrict pc = c.data();
     for (std::size_t i = lo; i < hi; ++i) pa[i] = pb[i] + 1.0001f * pc[i];
-  });
-  benchmark::DoNotOptimize(a.data());
-  return rate;
+    benchmark::DoNotOptimize(pa);
+  }
+};
+
+/// Bytes per second of a triad over `bytes` (three arrays), split over the pool's threads.
+double triad_rate(std::size_t bytes, Eigen::ThreadPool* pool) {
+  triad_arrays x(bytes);
+  return best_rate(x.bytes(), pool, std::ref(x));
 }
 
-/// Bytes per second of a plain read of the arrays x, split over the pool's threads: a wrapping sum of
-/// their 64-bit words (integer adds: no bit pattern costs more than another), each 64-byte line
-/// prefetching the line 4 KiB further (measured on a Zen 5 VM, 268 MB: 1.07x the rate of the loop
-/// without on one core, 1.2x on two, where it reaches the triad's rate).
+/// A plain read of the arrays x, split over the pool's threads: a wrapping sum of their 64-bit words
+/// (integer adds: no bit pattern costs more than another), each thread's part read as 4 interleaved
+/// streams, each 64-byte line prefetching into L1 the line 4 KiB further. The fastest of the readers
+/// tried on a Zen 5 VM (268 MB from DRAM, one core, fraction of the triad's rate in the same run):
+/// 1 stream without prefetch 0.66-0.68, with it 0.75-0.80 (0.71-0.74 into L2), 2 / 8 streams
+/// 0.65-0.81, 4 streams 0.82-0.85.
 template <class E>
-double read_rate(const std::vector<const std::vector<E>*>& x, Eigen::ThreadPool* pool) {
-  constexpr std::size_t line = 64 / sizeof(std::uint64_t), ahead = 4096;
-  std::size_t bytes = 0;
-  for (const auto* a : x) bytes += a->size() * sizeof(E);
-  std::vector<std::uint64_t> sums(static_cast<std::size_t>(pool != nullptr ? pool->NumThreads() : 1), 0);
-  const double rate = best_rate(bytes, pool, [&](int t, int parts) {
+struct cache_reader {
+  std::vector<const std::vector<E>*> x;
+  std::vector<std::uint64_t> sums;  // one slot per part: no two threads write the same
+  cache_reader(std::vector<const std::vector<E>*> arrays, Eigen::ThreadPool* pool)
+      : x(std::move(arrays)), sums(static_cast<std::size_t>(pool != nullptr ? pool->NumThreads() : 1), 0) {}
+  [[nodiscard]] std::size_t bytes() const {
+    std::size_t n = 0;
+    for (const auto* a : x) n += a->size() * sizeof(E);
+    return n;
+  }
+  void operator()(int t, int parts) {
+    constexpr std::size_t words = 64 / sizeof(std::uint64_t), ahead = 4096, streams = 4;
     std::uint64_t sum = 0;
+    auto line = [&](const unsigned char* p) {
+      __builtin_prefetch(p + ahead, 0, 3);
+      std::uint64_t w[words];
+      std::memcpy(w, p, sizeof(w));
+      for (std::size_t j = 0; j < words; ++j) sum += w[j];
+    };
     for (const auto* a : x) {
       const auto* base = reinterpret_cast<const unsigned char*>(a->data());
-      const std::size_t lines = a->size() * sizeof(E) / 64;
-      const auto [lo, hi] = part_range(lines, t, parts);
-      for (std::size_t i = lo; i < hi; ++i) {
-        const unsigned char* p = base + i * 64;
-        __builtin_prefetch(p + ahead);
-        std::uint64_t w[line];
-        std::memcpy(w, p, sizeof(w));
-        for (std::size_t j = 0; j < line; ++j) sum += w[j];
-      }
+      const auto [lo, hi] = part_range(a->size() * sizeof(E) / 64, t, parts);
+      const std::size_t each = (hi - lo) / streams;
+      for (std::size_t i = 0; i < each; ++i)
+        for (std::size_t s = 0; s < streams; ++s) line(base + (lo + s * each + i) * 64);
+      for (std::size_t i = lo + streams * each; i < hi; ++i) line(base + i * 64);
     }
-    sums[static_cast<std::size_t>(t)] = sum;  // one slot per part: no two threads write the same
-  });
-  benchmark::DoNotOptimize(sums.data());
-  return rate;
+    sums[static_cast<std::size_t>(t)] = sum;
+    benchmark::DoNotOptimize(sums.data());
+  }
+};
+
+/// Bytes per second of cache_reader over the arrays x.
+template <class E>
+double read_rate(const std::vector<const std::vector<E>*>& x, Eigen::ThreadPool* pool) {
+  cache_reader<E> r(x, pool);
+  return best_rate(r.bytes(), pool, std::ref(r));
 }
 
 template <class KV>
@@ -301,6 +330,54 @@ void decode_padding(benchmark::State& state) {
   const auto pool = make_pool(threads);
   state.counters["padded_over_dense"] = bench_util::median_pair_ratio(
       state, [&] { decode_step(q, rows, k, v, out, pool.get()); }, [&] { decode_step(q, rows, kp, vp, out, pool.get()); });
+}
+
+// The decode step against its memory floor, measured in turns: each iteration runs the step, a
+// triad moving the same bytes and cache_reader over the same cache (the order rotating), so that
+// the three see the same machine state. Counters: of_triad and of_read, the medians of the
+// per-iteration ratios (K/V bytes / step time) / (bytes / reference time); KV_GBps from the step's
+// total time. The reported time is the step's. At Lk = 4096 the triad's and the reader's arrays
+// evict part of the cache from the last-level cache between steps, so the step reads more of it from
+// DRAM than in BM_decode.
+template <class KV>
+void decode_floor(benchmark::State& state) {
+  const Index rows = state.range(0), Lk = state.range(1), threads = state.range(2);
+  constexpr Index H = 32, Hkv = 8, d = 128;
+  const auto q = random_vector(static_cast<std::size_t>(rows * H * d), 1);
+  const decode_cache<KV> k(stored_as<KV>(random_vector(static_cast<std::size_t>(Lk * Hkv * d), 2)), Lk, Hkv, d, 0);
+  const decode_cache<KV> v(stored_as<KV>(random_vector(static_cast<std::size_t>(Lk * Hkv * d), 3)), Lk, Hkv, d, 0);
+  std::vector<float> out(q.size());
+  const auto pool = make_pool(threads);
+  const auto kv_bytes = static_cast<double>(k.data.size() + v.data.size()) * sizeof(KV);
+  triad_arrays triad(static_cast<std::size_t>(kv_bytes));
+  cache_reader<KV> reader({&k.data, &v.data}, pool.get());
+  const std::function<double()> runs[3] = {
+      [&] {
+        const auto t0 = std::chrono::steady_clock::now();
+        decode_step(q, rows, k, v, out, pool.get());
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      },
+      [&] { return run_parts(pool.get(), std::ref(triad)); }, [&] { return run_parts(pool.get(), std::ref(reader)); }};
+  for (const auto& run : runs) run();  // untimed: the first touch of each array
+  std::vector<double> of_triad, of_read;
+  double step_seconds = 0;
+  int first = 0;
+  for (auto _ : state) {
+    double sec[3];
+    for (int i = 0; i < 3; ++i) sec[(first + i) % 3] = runs[(first + i) % 3]();
+    first = (first + 1) % 3;
+    state.SetIterationTime(sec[0]);
+    step_seconds += sec[0];
+    of_triad.push_back(kv_bytes / sec[0] / (static_cast<double>(triad.bytes()) / sec[1]));
+    of_read.push_back(kv_bytes / sec[0] / (static_cast<double>(reader.bytes()) / sec[2]));
+  }
+  auto median = [](std::vector<double> x) {
+    std::nth_element(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(x.size() / 2), x.end());
+    return x.empty() ? 0.0 : x[x.size() / 2];
+  };
+  state.counters["KV_GBps"] = kv_bytes * static_cast<double>(state.iterations()) / step_seconds * 1e-9;
+  state.counters["of_triad"] = median(of_triad);
+  state.counters["of_read"] = median(of_read);
 }
 
 // Runs f(head) for the 8 heads, on `threads` threads (heads split evenly, no pool overhead inside).
@@ -453,6 +530,14 @@ void register_decode(const char* kv) {
     benchmark::RegisterBenchmark(name, fn)
         ->ArgsProduct({{4096}, {1, 2}, {0, 64}})
         ->ArgNames({"Lk", "threads", "pad_bytes"})
+        ->Unit(benchmark::kMicrosecond)
+        ->UseManualTime()
+        ->MinTime(1.0);
+  for (const auto& [name, fn] : {std::pair<const char*, bench_fn>{"BM_decode_floor/kv:f32", decode_floor<float>},
+                                 std::pair<const char*, bench_fn>{"BM_decode_floor/kv:f16", decode_floor<Eigen::half>}})
+    benchmark::RegisterBenchmark(name, fn)
+        ->ArgsProduct({{1}, {4096, 32768}, {1, 2}})
+        ->ArgNames({"rows", "Lk", "threads"})
         ->Unit(benchmark::kMicrosecond)
         ->UseManualTime()
         ->MinTime(1.0);
