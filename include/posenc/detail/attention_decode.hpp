@@ -298,11 +298,32 @@ class decode_attention {
         row_dots(group(sc, hk).q_scaled.data(), dim_, G, k.data, k.stride, n, dim_, scores + hk * G * n, n, k.ahead);
         finish_scores(b, hk, blk, k, scores + hk * G * n, group(sc, hk), sc);
       }
-    // values head by head: summing them across the kv heads a few keys at a time, in address order as
-    // the scores, measured the same (f16 and f32 cache, 1 row, Lk = 4096, chunks of 4, 8 and 16 keys)
+    if (values_swept()) return add_values_across_heads(b, blk, scores, sc);
     for (index_t hk = sc.head_first; hk < sc.head_end; ++hk) {
       const auto v = value_rows(b, hk, blk, sc);
       add_weighted(scores + hk * G * n, n, G, v.data, v.stride, n, vdim_, group(sc, hk).acc.data(), vdim_, v.ahead);
+    }
+  }
+
+  /// Whether run_tile sums the values a few keys at a time across the kv heads (in address order, as
+  /// the scores read the keys) instead of head by head: f32 values read in place, the heads of a
+  /// token adjacent, a token's values at most 4 KiB (decode_kernels.hpp decode_value_chunk_keys).
+  static constexpr bool values_sweepable = values_direct && std::is_same_v<KV, float>;
+  [[nodiscard]] bool values_swept() const {
+    if constexpr (values_sweepable)
+      return keys_swept() && v_.head_stride() == vdim_ && kv_heads_ * vdim_ * static_cast<index_t>(sizeof(KV)) <= 4096;
+    return false;
+  }
+
+  /// O += P V for every kv head of the item, decode_value_chunk_keys keys at a time across the heads,
+  /// each chunk prefetching the next one's rows into L1 (none past the item's last tile).
+  void add_values_across_heads(index_t b, const key_block& blk, const T* scores, decode_scratch<T>& sc) const {
+    if constexpr (values_sweepable) {
+      const index_t G = rows_, n = blk.cols, chunk = decode_value_chunk_keys;
+      for (index_t j0 = 0; j0 < n; j0 += chunk)
+        for (index_t hk = sc.head_first; hk < sc.head_end; ++hk)
+          add_weighted<3>(scores + hk * G * n + j0, n, G, v_.row(b, blk.first + j0, hk), v_.token_stride(),
+                          std::min(chunk, n - j0), vdim_, group(sc, hk).acc.data(), vdim_, sc.ahead > 0 ? chunk : 0);
     }
   }
 

@@ -118,6 +118,17 @@ inline constexpr index_t decode_prefetch_rows = 32;
 /// 1.32, f32 4 rows 1.14, f32 1 row 0.97-1.02.
 inline constexpr index_t decode_key_prefetch_rows_l1 = 4;
 
+/// Keys per chunk when the values of up to 4 rows per kv head are summed in address order, the
+/// chunk's keys across the kv heads (as the scores read them), each chunk prefetching the next into
+/// L1: for f32 values in token rows of at most 4 KiB (two chunks in L1 take at most 32 KiB of its
+/// 48). Head by head, the 32 value rows of a tile read in turn are 32 pages. Paired calls against
+/// head by head with the L2 prefetch (1 row, GQA 32/8, d = 128, Zen 5 VM): f32 Lk = 32768
+/// 0.92 (2 threads 0.92), Lk = 4096 0.89, calls rotating over 16 layers' caches of 1024 keys 0.91.
+/// Chunks of 4 keys with the L2 prefetch measured 1.10 before, f32 chunks of 8 1.02; f16 and bf16
+/// (2 KiB rows) with chunks of 8 0.96-1.05 and chunks of 4 1.06-1.08, so half values stay head by
+/// head.
+inline constexpr index_t decode_value_chunk_keys = 4;
+
 /// Whether element t of a row of E starts a new 64-byte span of it: the products prefetch once per
 /// span, not once per load (a packet of f16 is half a line; column_dots reads 4 elements per step).
 template <class E>
@@ -655,7 +666,7 @@ void unpair_rows(const T* oc, index_t rows, index_t dv, T* acc) {
 
 /// R output rows, N packets each from column t: o_r[t .. t+N*W) += sum_j p_r[j] v_j[t .. t+N*W), the
 /// R x N accumulators in registers, each value packet loaded once for the R rows.
-template <int R, int N, class T, class KV>
+template <int R, int N, int Locality = 2, class T, class KV>
 POSENC_ALWAYS_INLINE void add_weighted_block(const T* p, index_t p_stride, const KV* v, index_t v_stride, index_t cols,
                                              T* o, index_t o_stride, index_t ahead) {
   using P = typename packet_of<T>::type;
@@ -669,7 +680,7 @@ POSENC_ALWAYS_INLINE void add_weighted_block(const T* p, index_t p_stride, const
     for (int i = 0; i < N; ++i) vp[i] = kv_packets<KV, T>::load(v + j * v_stride + i * W);
     if (ahead > 0)
       for (int i = 0; i < N; ++i)
-        if (starts_line<KV>(i * W)) prefetch_rows_ahead(v + j * v_stride + i * W, ahead, v_stride);
+        if (starts_line<KV>(i * W)) prefetch_rows_ahead<Locality>(v + j * v_stride + i * W, ahead, v_stride);
     for (int r = 0; r < R; ++r) {
       const P w = in::pset1<P>(p[r * p_stride + j]);
       for (int i = 0; i < N; ++i) acc[r][i] = in::pmadd(w, vp[i], acc[r][i]);
@@ -681,15 +692,16 @@ POSENC_ALWAYS_INLINE void add_weighted_block(const T* p, index_t p_stride, const
 
 /// add_weighted for one block of R rows over the whole width dv: N packets at a time, then single
 /// packets, then a scalar tail.
-template <int R, class T, class KV>
+template <int R, int Locality, class T, class KV>
 inline void add_weighted_width(const T* p, index_t p_stride, const KV* v, index_t v_stride, index_t cols, index_t dv,
                                T* o, index_t o_stride, index_t ahead) {
   constexpr index_t W = packet_of<T>::width;
   constexpr int N = weighted_block_packets;
   index_t t = 0;
   for (; t + N * W <= dv; t += N * W)
-    add_weighted_block<R, N>(p, p_stride, v + t, v_stride, cols, o + t, o_stride, ahead);
-  for (; t + W <= dv; t += W) add_weighted_block<R, 1>(p, p_stride, v + t, v_stride, cols, o + t, o_stride, ahead);
+    add_weighted_block<R, N, Locality>(p, p_stride, v + t, v_stride, cols, o + t, o_stride, ahead);
+  for (; t + W <= dv; t += W)
+    add_weighted_block<R, 1, Locality>(p, p_stride, v + t, v_stride, cols, o + t, o_stride, ahead);
   for (; t < dv; ++t)
     for (index_t r = 0; r < R; ++r) {
       T sum = o[r * o_stride + t];
@@ -700,17 +712,17 @@ inline void add_weighted_width(const T* p, index_t p_stride, const KV* v, index_
 
 /// O (rows x dv, row stride o_stride) += P (rows x cols, row stride p_stride) V (cols x dv, stored as
 /// KV). Each value row is loaded from memory once; `ahead` > 0 prefetches the value rows that many rows
-/// further (decode_prefetch_rows). The row blocks are dispatched once per chunk of keys (for up to 4
-/// rows, once per call), each then runs over the whole width.
-template <class T, class KV>
+/// further (decode_prefetch_rows), into L2 (Locality 2) or L1 (3). The row blocks are dispatched once
+/// per chunk of keys (for up to 4 rows, once per call), each then runs over the whole width.
+template <int Locality = 2, class T, class KV>
 void add_weighted(const T* p, index_t p_stride, index_t rows, const KV* v, index_t v_stride, index_t cols, index_t dv,
                   T* o, index_t o_stride, index_t ahead = 0) {
   const index_t chunk = rows <= 4 ? cols : weighted_chunk_keys;
   for (index_t j0 = 0; j0 < cols; j0 += chunk) {
     const index_t nj = std::min(chunk, cols - j0);
     for_row_blocks(rows, [&](auto R, index_t r) {
-      add_weighted_width<R()>(p + r * p_stride + j0, p_stride, v + j0 * v_stride, v_stride, nj, dv, o + r * o_stride,
-                              o_stride, r == 0 ? ahead : 0);
+      add_weighted_width<R(), Locality>(p + r * p_stride + j0, p_stride, v + j0 * v_stride, v_stride, nj, dv,
+                                        o + r * o_stride, o_stride, r == 0 ? ahead : 0);
     });
   }
 }
