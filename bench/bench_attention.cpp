@@ -524,31 +524,26 @@ void register_decode(const char* kv) {
   register_decode<Eigen::half>("f16");
   register_decode<Eigen::bfloat16>("bf16");
   using bench_fn = void (*)(benchmark::State&);
-  for (const auto& [name, fn] : {std::pair<const char*, bench_fn>{"BM_decode_rows_ratio/kv:f32", decode_rows_ratio<float>},
-                                 std::pair<const char*, bench_fn>{"BM_decode_rows_ratio/kv:f16",
-                                                                  decode_rows_ratio<Eigen::half>}})
+  // the pairs time themselves (manual time), over at least a second
+  const auto paired = [](const char* name, bench_fn fn, const std::vector<std::vector<std::int64_t>>& args,
+                         const std::vector<std::string>& names) {
     benchmark::RegisterBenchmark(name, fn)
-        ->ArgsProduct({{4096}, {1, 2}, {0, 64}})
-        ->ArgNames({"Lk", "threads", "pad_bytes"})
+        ->ArgsProduct(args)
+        ->ArgNames(names)
         ->Unit(benchmark::kMicrosecond)
         ->UseManualTime()
         ->MinTime(1.0);
-  for (const auto& [name, fn] : {std::pair<const char*, bench_fn>{"BM_decode_floor/kv:f32", decode_floor<float>},
-                                 std::pair<const char*, bench_fn>{"BM_decode_floor/kv:f16", decode_floor<Eigen::half>}})
-    benchmark::RegisterBenchmark(name, fn)
-        ->ArgsProduct({{1}, {4096, 32768}, {1, 2}})
-        ->ArgNames({"rows", "Lk", "threads"})
-        ->Unit(benchmark::kMicrosecond)
-        ->UseManualTime()
-        ->MinTime(1.0);
-  for (const auto& [name, fn] : {std::pair<const char*, bench_fn>{"BM_decode_padding/kv:f32", decode_padding<float>},
-                                 std::pair<const char*, bench_fn>{"BM_decode_padding/kv:f16", decode_padding<Eigen::half>}})
-    benchmark::RegisterBenchmark(name, fn)
-        ->ArgsProduct({{1, 4}, {4096, 32768}, {1}, {64}})
-        ->ArgNames({"rows", "Lk", "threads", "pad_bytes"})
-        ->Unit(benchmark::kMicrosecond)
-        ->UseManualTime()
-        ->MinTime(1.0);
+  };
+  paired("BM_decode_rows_ratio/kv:f32", decode_rows_ratio<float>, {{4096}, {1, 2}, {0, 64}},
+         {"Lk", "threads", "pad_bytes"});
+  paired("BM_decode_rows_ratio/kv:f16", decode_rows_ratio<Eigen::half>, {{4096}, {1, 2}, {0, 64}},
+         {"Lk", "threads", "pad_bytes"});
+  paired("BM_decode_floor/kv:f32", decode_floor<float>, {{1}, {4096, 32768}, {1, 2}}, {"rows", "Lk", "threads"});
+  paired("BM_decode_floor/kv:f16", decode_floor<Eigen::half>, {{1}, {4096, 32768}, {1, 2}}, {"rows", "Lk", "threads"});
+  paired("BM_decode_padding/kv:f32", decode_padding<float>, {{1, 4}, {4096, 32768}, {1}, {64}},
+         {"rows", "Lk", "threads", "pad_bytes"});
+  paired("BM_decode_padding/kv:f16", decode_padding<Eigen::half>, {{1, 4}, {4096, 32768}, {1}, {64}},
+         {"rows", "Lk", "threads", "pad_bytes"});
   return true;
 }();
 BENCHMARK(BM_gemm_qkT)->Apply(gemm_args)->ArgNames({"L", "d", "causal", "threads"})->Unit(benchmark::kMillisecond)->UseRealTime();
