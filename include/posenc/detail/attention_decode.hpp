@@ -307,11 +307,13 @@ class decode_attention {
 
   /// Whether run_tile sums the values a few keys at a time across the kv heads (in address order, as
   /// the scores read the keys) instead of head by head: f32 values read in place, the heads of a
-  /// token adjacent, a token's values at most 4 KiB (decode_kernels.hpp decode_value_chunk_keys).
+  /// token adjacent, a token's values at most decode_value_chunk_row_bytes (decode_kernels.hpp
+  /// decode_value_chunk_keys).
   static constexpr bool values_sweepable = values_direct && std::is_same_v<KV, float>;
   [[nodiscard]] bool values_swept() const {
     if constexpr (values_sweepable)
-      return keys_swept() && v_.head_stride() == vdim_ && kv_heads_ * vdim_ * static_cast<index_t>(sizeof(KV)) <= 4096;
+      return keys_swept() && v_.head_stride() == vdim_ &&
+             kv_heads_ * vdim_ * static_cast<index_t>(sizeof(KV)) <= decode_value_chunk_row_bytes;
     return false;
   }
 
@@ -322,8 +324,9 @@ class decode_attention {
       const index_t G = rows_, n = blk.cols, chunk = decode_value_chunk_keys;
       for (index_t j0 = 0; j0 < n; j0 += chunk)
         for (index_t hk = sc.head_first; hk < sc.head_end; ++hk)
-          add_weighted<3>(scores + hk * G * n + j0, n, G, v_.row(b, blk.first + j0, hk), v_.token_stride(),
-                          std::min(chunk, n - j0), vdim_, group(sc, hk).acc.data(), vdim_, sc.ahead > 0 ? chunk : 0);
+          add_weighted<to_l1>(scores + hk * G * n + j0, n, G, v_.row(b, blk.first + j0, hk), v_.token_stride(),
+                              std::min(chunk, n - j0), vdim_, group(sc, hk).acc.data(), vdim_,
+                              sc.ahead > 0 ? chunk : 0);
     }
   }
 

@@ -128,6 +128,8 @@ inline constexpr index_t decode_key_prefetch_rows_l1 = 4;
 /// (2 KiB rows) with chunks of 8 0.96-1.05 and chunks of 4 1.06-1.08, so half values stay head by
 /// head.
 inline constexpr index_t decode_value_chunk_keys = 4;
+/// The largest token row of values (all kv heads) summed that way: two chunks in L1 within 32 KiB.
+inline constexpr index_t decode_value_chunk_row_bytes = 4096;
 
 /// Whether element t of a row of E starts a new 64-byte span of it: the products prefetch once per
 /// span, not once per load (a packet of f16 is half a line; column_dots reads 4 elements per step).
@@ -185,7 +187,7 @@ POSENC_ALWAYS_INLINE void store_sums<4, 4, __m512, float>(const __m512 (&acc)[4]
 /// s[r * s_stride + j] = dot(q row r, k row j) for R rows x J keys, the dimension d in whole packets
 /// (dv = d rounded down to them) and a scalar tail. D > 0: d is D, known at compile time
 /// (with_head_dim).
-template <int R, int J, index_t D = 0, int Locality = 2, class T, class KV>
+template <int R, int J, index_t D = 0, int Locality = to_l2, class T, class KV>
 POSENC_ALWAYS_INLINE void row_dots_block(const T* q, index_t q_stride, const KV* k, index_t k_stride, index_t d_run,
                                          T* s, index_t s_stride, index_t ahead) {
   using P = typename packet_of<T>::type;
@@ -298,10 +300,12 @@ void row_dots_across_heads(Q&& q, index_t heads, const KV* k, index_t k_stride, 
   index_t j = 0;
   for (; j + J <= cols; j += J)
     for (index_t h = 0; h < heads; ++h)
-      row_dots_block<R, J, D, 3>(q(h), d, k + j * k_stride + h * k_head, k_stride, d, s + h * s_head + j, cols, near);
+      row_dots_block<R, J, D, to_l1>(q(h), d, k + j * k_stride + h * k_head, k_stride, d, s + h * s_head + j, cols,
+                                     near);
   for (; j < cols; ++j)
     for (index_t h = 0; h < heads; ++h)
-      row_dots_block<R, 1, D, 3>(q(h), d, k + j * k_stride + h * k_head, k_stride, d, s + h * s_head + j, cols, near);
+      row_dots_block<R, 1, D, to_l1>(q(h), d, k + j * k_stride + h * k_head, k_stride, d, s + h * s_head + j, cols,
+                                     near);
 }
 
 /// The column layout, for groups of more than 4 rows: a packet holds one key's scores for up to W
@@ -666,7 +670,7 @@ void unpair_rows(const T* oc, index_t rows, index_t dv, T* acc) {
 
 /// R output rows, N packets each from column t: o_r[t .. t+N*W) += sum_j p_r[j] v_j[t .. t+N*W), the
 /// R x N accumulators in registers, each value packet loaded once for the R rows.
-template <int R, int N, int Locality = 2, class T, class KV>
+template <int R, int N, int Locality = to_l2, class T, class KV>
 POSENC_ALWAYS_INLINE void add_weighted_block(const T* p, index_t p_stride, const KV* v, index_t v_stride, index_t cols,
                                              T* o, index_t o_stride, index_t ahead) {
   using P = typename packet_of<T>::type;
@@ -712,9 +716,9 @@ inline void add_weighted_width(const T* p, index_t p_stride, const KV* v, index_
 
 /// O (rows x dv, row stride o_stride) += P (rows x cols, row stride p_stride) V (cols x dv, stored as
 /// KV). Each value row is loaded from memory once; `ahead` > 0 prefetches the value rows that many rows
-/// further (decode_prefetch_rows), into L2 (Locality 2) or L1 (3). The row blocks are dispatched once
+/// further (decode_prefetch_rows), into L2 (Locality to_l2) or L1 (to_l1). The row blocks are dispatched once
 /// per chunk of keys (for up to 4 rows, once per call), each then runs over the whole width.
-template <int Locality = 2, class T, class KV>
+template <int Locality = to_l2, class T, class KV>
 void add_weighted(const T* p, index_t p_stride, index_t rows, const KV* v, index_t v_stride, index_t cols, index_t dv,
                   T* o, index_t o_stride, index_t ahead = 0) {
   const index_t chunk = rows <= 4 ? cols : weighted_chunk_keys;
