@@ -89,12 +89,13 @@ struct tile {
     switch (what) {
       case product::row_dots:
         if (where == layout::bshd) {
-          dk::row_dots_across_heads<4, dim>([&](index_t h) { return q.data() + h * rows * d; }, hs, rows_of(0), token,
-                                            d, n, d, scores.data(), rows * n, 0);
+          dk::row_dots_across_heads<4, dim, dk::to_l2>([&](index_t h) { return q.data() + h * rows * d; }, hs,
+                                                       rows_of(0), token, d, n, d, scores.data(), rows * n, 0);
         } else {
           for (index_t h = 0; h < hs; ++h)
-            dk::row_dots_across_heads<4, dim>([&](index_t) { return q.data() + h * rows * d; }, 1, rows_of(h), d, d, n,
-                                              d, scores.data() + h * rows * n, rows * n, 0);
+            dk::row_dots_across_heads<4, dim, dk::to_l2>([&](index_t) { return q.data() + h * rows * d; }, 1,
+                                                         rows_of(h), d, d, n, d, scores.data() + h * rows * n, rows * n,
+                                                         0);
         }
         break;
       case product::add_weighted:

@@ -17,7 +17,8 @@
 //                  widening (the staging prefetches as the products do). The products prefetch
 //                  the cache rows one tile (32 keys) ahead of the ones they read, once per line, at
 //                  the pace they read (decode_prefetch_rows), the keys swept across the heads 4 rows
-//                  ahead into L1 (decode_key_prefetch_rows_l1); prefetching the next tile in a burst
+//                  ahead (decode_sweep_prefetch_rows, into L1 where it holds 48 KiB or more, else
+//                  into L2: with_sweep_locality); prefetching the next tile in a burst
 //                  measured slower (f32, 1 row: 1.65 -> 2.0 ms).
 //   tile math      S = scale Q K^T, the encoding's score terms and bias per query head, masks, online
 //                  softmax, O += P V; per segment (O, m, l) are kept and merged exactly at the end (the
@@ -318,15 +319,18 @@ class decode_attention {
   }
 
   /// O += P V for every kv head of the item, decode_value_chunk_keys keys at a time across the heads,
-  /// each chunk prefetching the next one's rows into L1 (none past the item's last tile).
+  /// each chunk prefetching the next one's rows (into L1 or L2: with_sweep_locality; none past the
+  /// item's last tile).
   void add_values_across_heads(index_t b, const key_block& blk, const T* scores, decode_scratch<T>& sc) const {
     if constexpr (values_sweepable) {
       const index_t G = rows_, n = blk.cols, chunk = decode_value_chunk_keys;
-      for (index_t j0 = 0; j0 < n; j0 += chunk)
-        for (index_t hk = sc.head_first; hk < sc.head_end; ++hk)
-          add_weighted<to_l1>(scores + hk * G * n + j0, n, G, v_.row(b, blk.first + j0, hk), v_.token_stride(),
+      with_sweep_locality([&](auto L) {
+        for (index_t j0 = 0; j0 < n; j0 += chunk)
+          for (index_t hk = sc.head_first; hk < sc.head_end; ++hk)
+            add_weighted<L()>(scores + hk * G * n + j0, n, G, v_.row(b, blk.first + j0, hk), v_.token_stride(),
                               std::min(chunk, n - j0), vdim_, group(sc, hk).acc.data(), vdim_,
                               sc.ahead > 0 ? chunk : 0);
+      });
     }
   }
 
@@ -405,9 +409,11 @@ class decode_attention {
         const index_t h0 = sc.head_first;
         const auto q = [&](index_t h) { return group(sc, h0 + h).q_scaled.data() + r * dim_; };
         with_head_dim(dim_, [&](auto D) {
-          row_dots_across_heads<R(), D()>(q, sc.head_end - h0, k_.row(b, blk.first, h0), k_.token_stride(),
-                                          k_.head_stride(), n, dim_, scores + (h0 * G + r) * n, G * n,
-                                          r == 0 ? sc.ahead : 0);
+          with_sweep_locality([&](auto L) {
+            row_dots_across_heads<R(), D(), L()>(q, sc.head_end - h0, k_.row(b, blk.first, h0), k_.token_stride(),
+                                                 k_.head_stride(), n, dim_, scores + (h0 * G + r) * n, G * n,
+                                                 r == 0 ? sc.ahead : 0);
+          });
         });
       });
       for (index_t hk = sc.head_first; hk < sc.head_end; ++hk)

@@ -105,30 +105,53 @@ struct kv_packets<Eigen::bfloat16, float> {
 /// Lk <= 1024) pays for the instructions, 1.12-1.23.
 inline constexpr index_t decode_prefetch_rows = 32;
 
-/// The keys swept across the heads (row_dots_across_heads) prefetch into L1 instead, 4 rows ahead: a
-/// block of 4 keys reads 4 whole token rows in turn (16 KiB in BSHD with f32, 8 kv heads of 128),
-/// and the same lines 4 rows further are the next block's, read about a block's time later; in L1
-/// with the current block they take 32 KiB of its 48. A plain read of a 268 MB cache ran fastest the
-/// same way (into L1, 4 KiB ahead: 0.75-0.80 of the triad's rate, into L2 0.71-0.74). Paired calls, time
-/// against 32 rows ahead into L2 (1 row, GQA 32/8, d = 128, Zen 5 VM): f32 Lk = 32768 0.90-0.94,
-/// 2 threads 0.90, Lk = 4096 0.88, Lk = 1024 0.95; f16 0.97-0.98, bf16 0.98. 2 rows ahead measured
-/// 0.96-0.99 (f32) and up to 1.39 (f16), 6 rows 1.04 against 4, both prefetches together 1.12 against
-/// this one. The values, read head by head (32 rows of a head in turn, all in one L1 set when rows are
-/// 4 KiB apart), keep the L2 prefetch: every product prefetching into L1 4 rows ahead measured f16
-/// 1.32, f32 4 rows 1.14, f32 1 row 0.97-1.02.
-inline constexpr index_t decode_key_prefetch_rows_l1 = 4;
+/// The keys swept across the heads (row_dots_across_heads) prefetch 4 rows ahead instead: a block of
+/// 4 keys reads 4 whole token rows in turn (16 KiB in BSHD with f32, 8 kv heads of 128), and the same
+/// lines 4 rows further are the next block's, read about a block's time later; into L1 or L2 as
+/// with_sweep_locality chooses. A plain read of a 268 MB cache ran fastest the same way on a Zen 5
+/// VM (into L1, 4 KiB ahead: 0.75-0.80 of the triad's rate, into L2 0.71-0.74). Paired calls, time
+/// against 32 rows ahead into L2 (1 row, GQA 32/8, d = 128, Zen 5 VM, into L1): f32 Lk = 32768
+/// 0.90-0.94, 2 threads 0.90, Lk = 4096 0.88, Lk = 1024 0.95; f16 0.97-0.98, bf16 0.98. 2 rows ahead
+/// measured 0.96-0.99 (f32) and up to 1.39 (f16), 6 rows 1.04 against 4, both prefetches together
+/// 1.12 against this one. The values, read head by head (32 rows of a head in turn, all in one L1 set
+/// when rows are 4 KiB apart), keep the L2 prefetch a tile ahead: every product prefetching into L1 4
+/// rows ahead measured f16 1.32, f32 4 rows 1.14, f32 1 row 0.97-1.02.
+inline constexpr index_t decode_sweep_prefetch_rows = 4;
+
+/// The smallest L1 data cache for which the sweeps across the heads (the keys, and the values in
+/// chunks: decode_value_chunk_keys) prefetch into L1; below it, or where the size is unknown, into
+/// L2. With f32 the block being read and the one prefetched take 32 KiB: a third of a 48 KiB L1 is
+/// left to the queries, scores and accumulators, none of a 32 KiB one. Paired calls, 1 row, GQA
+/// 32/8, d = 128, time into L2 against into L1 (4 rows ahead for both): on a Zen 4 VM (32 KiB L1)
+/// f32 Lk = 4096 0.78 (keys alone 0.91), Lk = 32768 0.76, 2 threads 0.81-0.82, calls rotating over
+/// 16 layers' caches of 1024 keys 0.82; f16 Lk = 32768 0.85 (1 and 2 threads), Lk = 4096 1.00, bf16
+/// 0.98; 8 or 16 rows ahead into L2 1.00-1.01 against 4. On a Zen 5 VM (48 KiB L1) into L1 was the
+/// faster (the numbers above and at decode_value_chunk_keys).
+inline constexpr index_t decode_sweep_l1_min_bytes = index_t{48} << 10;
+
+/// f(std::integral_constant<int, to_l1 or to_l2>{}): the level the sweeps across the heads prefetch
+/// into on this machine (decode_sweep_l1_min_bytes), dispatched per tile.
+template <class F>
+inline void with_sweep_locality(F&& f) {
+  static const bool l1 = l1_data_bytes() >= decode_sweep_l1_min_bytes;
+  if (l1)
+    f(std::integral_constant<int, to_l1>{});
+  else
+    f(std::integral_constant<int, to_l2>{});
+}
 
 /// Keys per chunk when the values of up to 4 rows per kv head are summed in address order, the
 /// chunk's keys across the kv heads (as the scores read them), each chunk prefetching the next into
-/// L1: for f32 values in token rows of at most 4 KiB (two chunks in L1 take at most 32 KiB of its
-/// 48). Head by head, the 32 value rows of a tile read in turn are 32 pages. Paired calls against
-/// head by head with the L2 prefetch (1 row, GQA 32/8, d = 128, Zen 5 VM): f32 Lk = 32768
-/// 0.92 (2 threads 0.92), Lk = 4096 0.89, calls rotating over 16 layers' caches of 1024 keys 0.91.
+/// L1 (or L2: with_sweep_locality): for f32 values in token rows of at most 4 KiB (two chunks take
+/// at most 32 KiB). Head by head, the 32 value rows of a tile read in turn are 32 pages. Paired
+/// calls against head by head with the L2 prefetch (1 row, GQA 32/8, d = 128, Zen 5 VM, into L1):
+/// f32 Lk = 32768 0.92 (2 threads 0.92), Lk = 4096 0.89, calls rotating over 16 layers' caches of
+/// 1024 keys 0.91.
 /// Chunks of 4 keys with the L2 prefetch measured 1.10 before, f32 chunks of 8 1.02; f16 and bf16
 /// (2 KiB rows) with chunks of 8 0.96-1.05 and chunks of 4 1.06-1.08, so half values stay head by
 /// head.
 inline constexpr index_t decode_value_chunk_keys = 4;
-/// The largest token row of values (all kv heads) summed that way: two chunks in L1 within 32 KiB.
+/// The largest token row of values (all kv heads) summed that way: two chunks within 32 KiB.
 inline constexpr index_t decode_value_chunk_row_bytes = 4096;
 
 /// Whether element t of a row of E starts a new 64-byte span of it: the products prefetch once per
@@ -287,25 +310,25 @@ inline void with_head_dim(index_t d, F&& f) {
 /// rows of all heads are one contiguous run: address order). q(h): head h's R rows (row stride d); key
 /// j of head h at k + j * k_stride + h * k_head; head h's scores at s + h * s_head, R x cols (row
 /// stride cols). More rows per head sweep the tile once per block (from L2 after the first). D as
-/// row_dots_block; `ahead` > 0: the keys are prefetched into L1 decode_key_prefetch_rows_l1 rows
-/// ahead (0: the item reads no further tile). The blocks are called here directly, not through
-/// row_dots: one call of it per block and head (its row-block dispatch, not inlined) measured
-/// 0.88-0.94x the time without it (f32, 1 row, GQA 32/8, d = 128, Lk = 512 to 32768), and f16 0.91x
-/// at Lk = 4096.
-template <int R, index_t D, class T, class KV, class Q>
+/// row_dots_block; `ahead` > 0: the keys are prefetched decode_sweep_prefetch_rows rows ahead into
+/// the level Locality names (with_sweep_locality; `ahead` = 0: the item reads no further tile). The
+/// blocks are called here directly, not through row_dots: one call of it per block and head (its
+/// row-block dispatch, not inlined) measured 0.88-0.94x the time without it (f32, 1 row, GQA 32/8,
+/// d = 128, Lk = 512 to 32768), and f16 0.91x at Lk = 4096.
+template <int R, index_t D, int Locality, class T, class KV, class Q>
 void row_dots_across_heads(Q&& q, index_t heads, const KV* k, index_t k_stride, index_t k_head, index_t cols, index_t d,
                            T* s, index_t s_head, index_t ahead) {
   constexpr int J = dot_block_keys;
-  const index_t near = ahead > 0 ? decode_key_prefetch_rows_l1 : 0;  // `ahead` = 0: nothing past the item
+  const index_t near = ahead > 0 ? decode_sweep_prefetch_rows : 0;  // `ahead` = 0: nothing past the item
   index_t j = 0;
   for (; j + J <= cols; j += J)
     for (index_t h = 0; h < heads; ++h)
-      row_dots_block<R, J, D, to_l1>(q(h), d, k + j * k_stride + h * k_head, k_stride, d, s + h * s_head + j, cols,
-                                     near);
+      row_dots_block<R, J, D, Locality>(q(h), d, k + j * k_stride + h * k_head, k_stride, d, s + h * s_head + j, cols,
+                                        near);
   for (; j < cols; ++j)
     for (index_t h = 0; h < heads; ++h)
-      row_dots_block<R, 1, D, to_l1>(q(h), d, k + j * k_stride + h * k_head, k_stride, d, s + h * s_head + j, cols,
-                                     near);
+      row_dots_block<R, 1, D, Locality>(q(h), d, k + j * k_stride + h * k_head, k_stride, d, s + h * s_head + j, cols,
+                                        near);
 }
 
 /// The column layout, for groups of more than 4 rows: a packet holds one key's scores for up to W

@@ -5,7 +5,12 @@
 // (docs/performance.md, docs/rope.md for the measurements).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <unistd.h>  // sysconf
+#endif
 
 #include <Eigen/Core>
 
@@ -47,6 +52,17 @@ template <int Locality = to_l2, class E>
 POSENC_ALWAYS_INLINE void prefetch_rows_ahead(const E* p, index_t rows, index_t stride) {
   const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(p) + static_cast<std::uintptr_t>(rows * stride) * sizeof(E);
   prefetch<0, Locality>(reinterpret_cast<const void*>(at));
+}
+
+/// The L1 data cache of the core, in bytes, as the C library reports it (glibc reads it from CPUID);
+/// 0 where it does not.
+inline index_t l1_data_bytes() noexcept {
+#if defined(_SC_LEVEL1_DCACHE_SIZE)
+  static const index_t bytes = std::max<index_t>(0, static_cast<index_t>(sysconf(_SC_LEVEL1_DCACHE_SIZE)));
+  return bytes;
+#else
+  return 0;
+#endif
 }
 
 /// Prefetches every row of a strided row-major matrix map.
