@@ -133,8 +133,7 @@ inline constexpr index_t decode_sweep_l1_min_bytes = index_t{48} << 10;
 /// into on this machine (decode_sweep_l1_min_bytes), dispatched per tile.
 template <class F>
 inline void with_sweep_locality(F&& f) {
-  static const bool l1 = l1_data_bytes() >= decode_sweep_l1_min_bytes;
-  if (l1)
+  if (l1_data_bytes() >= decode_sweep_l1_min_bytes)
     f(std::integral_constant<int, to_l1>{});
   else
     f(std::integral_constant<int, to_l2>{});
@@ -158,7 +157,7 @@ inline constexpr index_t decode_value_chunk_row_bytes = 4096;
 /// span, not once per load (a packet of f16 is half a line; column_dots reads 4 elements per step).
 template <class E>
 constexpr bool starts_line(index_t t) {
-  return t * index_t{sizeof(E)} % 64 == 0;
+  return t % line_elements<E> == 0;
 }
 
 /// One stored K/V value as T (the scalar tails of the products).
@@ -393,13 +392,16 @@ POSENC_ALWAYS_INLINE void key_row_pointers(const T* k, index_t k_stride, const T
 /// way (1.00).
 template <int S, int KB, class T, class Step>
 POSENC_ALWAYS_INLINE void sweep_dims(const T* (&kr)[KB], index_t d, index_t k_stride, index_t ahead, Step&& step) {
-  constexpr index_t line = 64 / static_cast<index_t>(sizeof(T));
+  constexpr index_t line = line_elements<T>;
   index_t t = 0;
-  if (ahead > 0)
+  if (ahead > 0) {
     for (; t + line <= d; t += line) {
       for (int j = 0; j < KB; ++j) prefetch_rows_ahead(kr[j] + t, ahead, k_stride);
       for (index_t u = 0; u < line; u += S) step(t + u);
     }
+    if (t < d)  // the rows' last, partial line (d * sizeof(T) not a multiple of 64)
+      for (int j = 0; j < KB; ++j) prefetch_rows_ahead(kr[j] + t, ahead, k_stride);
+  }
   for (; t + 4 <= d; t += 4)
     for (int u = 0; u < 4; u += S) step(t + u);
   for (; t < d; t += S) step(t);

@@ -77,10 +77,10 @@ void widen_rows(const KV* src, index_t src_stride, index_t rows, index_t cols, T
 /// staged in turn: decode_prefetch_rows).
 template <class KV, class T>
 void stage_rows(const KV* src, index_t src_stride, index_t rows, index_t cols, T* dst, index_t ahead = 0) {
-  constexpr index_t line = 64 / static_cast<index_t>(sizeof(KV));
   for (index_t r = 0; r < rows; ++r) {
     if (ahead > 0)
-      for (index_t c = 0; c < cols; c += line) prefetch_rows_ahead(src + r * src_stride + c, ahead, src_stride);
+      for (index_t c = 0; c < cols; c += line_elements<KV>)
+        prefetch_rows_ahead(src + r * src_stride + c, ahead, src_stride);
     if constexpr (std::is_same_v<KV, T>) {
       // Eigen's inlined packet copy: memcpy's call costs as much as a 512-byte row's copy here
       Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>(dst + r * cols, cols) =

@@ -19,13 +19,17 @@
 
 namespace posenc::detail {
 
+/// The cache line the prefetches count in, in bytes, and in elements of E.
+inline constexpr index_t cache_line_bytes = 64;
+template <class E>
+inline constexpr index_t line_elements = cache_line_bytes / static_cast<index_t>(sizeof(E));
+
 /// One prefetch instruction per 64-byte line of [p, p + bytes); Write and Locality as
 /// detail::prefetch takes them (compile-time constants).
 template <int Write, int Locality>
 POSENC_ALWAYS_INLINE void prefetch_lines(const void* p, index_t bytes) {
-  constexpr index_t line = 64;
   const char* c = static_cast<const char*>(p);
-  for (index_t o = 0; o < bytes; o += line) prefetch<Write, Locality>(c + o);
+  for (index_t o = 0; o < bytes; o += cache_line_bytes) prefetch<Write, Locality>(c + o);
 }
 
 /// Prefetches [p, p + bytes) into L2 (for_write: with intent to write, so that the later stores do
