@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "fma_peak.hpp"
 #include "pairs.hpp"
 #include "random.hpp"
 
@@ -147,6 +148,8 @@ struct triad_arrays {
   explicit triad_arrays(std::size_t bytes)
       : a(bytes / (3 * sizeof(float)), 0.f), b(random_vector(a.size(), 7)), c(random_vector(a.size(), 8)) {}
   [[nodiscard]] std::size_t bytes() const { return 3 * a.size() * sizeof(float); }
+  /// A run's seconds `s` scaled to `n` bytes moved (the arrays hold about as many as they are made for).
+  [[nodiscard]] double seconds_for(double n, double s) const { return s * n / static_cast<double>(bytes()); }
   void operator()(int t, int parts) {
     const auto [lo, hi] = part_range(a.size(), t, parts);
     float* __restrict pa = a.data();
@@ -298,6 +301,33 @@ void decode_step(const std::vector<float>& q, Index rows, const decode_cache<KV>
   benchmark::ClobberMemory();
 }
 
+/// Seconds of one decode step of `rows` rows (decode_step).
+template <class KV>
+std::function<double()> timed_step(const std::vector<float>& q, Index rows, const decode_cache<KV>& k,
+                                   const decode_cache<KV>& v, std::vector<float>& out, Eigen::ThreadPool* pool) {
+  return [&q, rows, &k, &v, &out, pool] {
+    const auto t0 = std::chrono::steady_clock::now();
+    decode_step(q, rows, k, v, out, pool);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+}
+
+/// The K and V caches of the decode benchmarks (GQA 32/8, d = 128, Lk tokens, rows dense) and q for
+/// up to `rows` new rows per head.
+template <class KV>
+struct decode_operands {
+  static constexpr Index H = 32, Hkv = 8, d = 128;
+  decode_operands(Index rows, Index Lk, Index pad_bytes = 0)
+      : q(random_vector(static_cast<std::size_t>(rows * H * d), 1)),
+        k(stored_as<KV>(random_vector(static_cast<std::size_t>(Lk * Hkv * d), 2)), Lk, Hkv, d, pad_bytes),
+        v(stored_as<KV>(random_vector(static_cast<std::size_t>(Lk * Hkv * d), 3)), Lk, Hkv, d, pad_bytes),
+        out(q.size()) {}
+  [[nodiscard]] double kv_bytes() const { return static_cast<double>(k.data.size() + v.data.size()) * sizeof(KV); }
+  std::vector<float> q;
+  decode_cache<KV> k, v;
+  std::vector<float> out;
+};
+
 // 4 new query rows against 1, on the same cache (GQA 32/8, d = 128, causal), in back-to-back pairs:
 // counter four_over_one, the median of time(4 rows) / time(1 row). The decode step's bytes do not
 // grow with the rows, its arithmetic grows 4x (docs/performance.md › Decode). pad_bytes: the cache's
@@ -305,14 +335,11 @@ void decode_step(const std::vector<float>& q, Index rows, const decode_cache<KV>
 template <class KV>
 void decode_rows_ratio(benchmark::State& state) {
   const Index Lk = state.range(0), threads = state.range(1), pad = state.range(2);
-  constexpr Index H = 32, Hkv = 8, d = 128;
-  const auto q = random_vector(static_cast<std::size_t>(4 * H * d), 1);
-  const decode_cache<KV> k(stored_as<KV>(random_vector(static_cast<std::size_t>(Lk * Hkv * d), 2)), Lk, Hkv, d, pad);
-  const decode_cache<KV> v(stored_as<KV>(random_vector(static_cast<std::size_t>(Lk * Hkv * d), 3)), Lk, Hkv, d, pad);
-  std::vector<float> out(q.size());
+  decode_operands<KV> x(4, Lk, pad);
   const auto pool = make_pool(threads);
   state.counters["four_over_one"] = bench_util::median_pair_ratio(
-      state, [&] { decode_step(q, 1, k, v, out, pool.get()); }, [&] { decode_step(q, 4, k, v, out, pool.get()); });
+      state, [&] { decode_step(x.q, 1, x.k, x.v, x.out, pool.get()); },
+      [&] { decode_step(x.q, 4, x.k, x.v, x.out, pool.get()); });
 }
 
 // The same decode step on a cache whose token rows are padded by pad_bytes, against the dense cache
@@ -321,63 +348,131 @@ void decode_rows_ratio(benchmark::State& state) {
 template <class KV>
 void decode_padding(benchmark::State& state) {
   const Index rows = state.range(0), Lk = state.range(1), threads = state.range(2), pad = state.range(3);
-  constexpr Index H = 32, Hkv = 8, d = 128;
-  const auto q = random_vector(static_cast<std::size_t>(rows * H * d), 1);
-  const auto kd = stored_as<KV>(random_vector(static_cast<std::size_t>(Lk * Hkv * d), 2));
-  const auto vd = stored_as<KV>(random_vector(static_cast<std::size_t>(Lk * Hkv * d), 3));
-  const decode_cache<KV> k(kd, Lk, Hkv, d, 0), v(vd, Lk, Hkv, d, 0), kp(kd, Lk, Hkv, d, pad), vp(vd, Lk, Hkv, d, pad);
-  std::vector<float> out(q.size());
+  decode_operands<KV> dense(rows, Lk), padded(rows, Lk, pad);  // the same values
   const auto pool = make_pool(threads);
   state.counters["padded_over_dense"] = bench_util::median_pair_ratio(
-      state, [&] { decode_step(q, rows, k, v, out, pool.get()); }, [&] { decode_step(q, rows, kp, vp, out, pool.get()); });
+      state, [&] { decode_step(dense.q, rows, dense.k, dense.v, dense.out, pool.get()); },
+      [&] { decode_step(padded.q, rows, padded.k, padded.v, padded.out, pool.get()); });
 }
 
-// The decode step against its memory floor, measured in turns: each iteration runs the step, a
-// triad moving the same bytes and cache_reader over the same cache (the order rotating), so that
-// the three see the same machine state. Counters: of_triad and of_read, the medians of the
-// per-iteration ratios (K/V bytes / step time) / (bytes / reference time); KV_GBps from the step's
-// total time. The reported time is the step's. At Lk = 4096 the triad's and the reader's arrays
-// evict part of the cache from the last-level cache between steps, so the step reads more of it from
-// DRAM than in BM_decode.
+/// Runs each of `runs` (each returning its seconds) once per iteration of `state`, in turns, the
+/// first to go rotating, so that they see the same machine state; the first run's time is reported as
+/// the iteration's. Returns each iteration's seconds, run by run. The runs are called once each before
+/// (untimed: the first touch of their arrays).
+std::vector<std::vector<double>> run_turns(benchmark::State& state, const std::vector<std::function<double()>>& runs) {
+  for (const auto& run : runs) run();
+  const std::size_t n = runs.size();
+  std::vector<std::vector<double>> seconds;
+  std::size_t first = 0;
+  for (auto _ : state) {
+    std::vector<double> sec(n);
+    for (std::size_t i = 0; i < n; ++i) sec[(first + i) % n] = runs[(first + i) % n]();
+    first = (first + 1) % n;
+    state.SetIterationTime(sec[0]);
+    seconds.push_back(std::move(sec));
+  }
+  return seconds;
+}
+
+/// The median over the iterations of f(seconds of that iteration's runs).
+template <class F>
+double median_over(const std::vector<std::vector<double>>& seconds, F&& f) {
+  std::vector<double> x;
+  for (const auto& sec : seconds) x.push_back(f(sec));
+  if (x.empty()) return 0;
+  std::nth_element(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(x.size() / 2), x.end());
+  return x[x.size() / 2];
+}
+
+// The decode step against its memory floor, measured in turns (run_turns): each iteration runs the
+// step, a triad moving the same bytes and cache_reader over the same cache, so that the three see
+// the same machine state. Counters: of_triad and of_read, the medians of the per-iteration ratios
+// (K/V bytes / step time) / (bytes / reference time); KV_GBps from the step's total time. The
+// reported time is the step's. At Lk = 4096 the triad's and the reader's arrays evict part of the
+// cache from the last-level cache between steps, so the step reads more of it from DRAM than in
+// BM_decode.
 template <class KV>
 void decode_floor(benchmark::State& state) {
   const Index rows = state.range(0), Lk = state.range(1), threads = state.range(2);
-  constexpr Index H = 32, Hkv = 8, d = 128;
-  const auto q = random_vector(static_cast<std::size_t>(rows * H * d), 1);
-  const decode_cache<KV> k(stored_as<KV>(random_vector(static_cast<std::size_t>(Lk * Hkv * d), 2)), Lk, Hkv, d, 0);
-  const decode_cache<KV> v(stored_as<KV>(random_vector(static_cast<std::size_t>(Lk * Hkv * d), 3)), Lk, Hkv, d, 0);
-  std::vector<float> out(q.size());
+  decode_operands<KV> x(rows, Lk);
   const auto pool = make_pool(threads);
-  const auto kv_bytes = static_cast<double>(k.data.size() + v.data.size()) * sizeof(KV);
-  triad_arrays triad(static_cast<std::size_t>(kv_bytes));
-  cache_reader<KV> reader({&k.data, &v.data}, pool.get());
-  const std::function<double()> runs[3] = {
-      [&] {
-        const auto t0 = std::chrono::steady_clock::now();
-        decode_step(q, rows, k, v, out, pool.get());
-        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      },
-      [&] { return run_parts(pool.get(), std::ref(triad)); }, [&] { return run_parts(pool.get(), std::ref(reader)); }};
-  for (const auto& run : runs) run();  // untimed: the first touch of each array
-  std::vector<double> of_triad, of_read;
+  triad_arrays triad(static_cast<std::size_t>(x.kv_bytes()));
+  cache_reader<KV> reader({&x.k.data, &x.v.data}, pool.get());
+  const auto sec = run_turns(state, {timed_step(x.q, rows, x.k, x.v, x.out, pool.get()),
+                                     [&] { return run_parts(pool.get(), std::ref(triad)); },
+                                     [&] { return run_parts(pool.get(), std::ref(reader)); }});
+  const double kv = x.kv_bytes(), rb = static_cast<double>(reader.bytes());
   double step_seconds = 0;
-  int first = 0;
-  for (auto _ : state) {
-    double sec[3];
-    for (int i = 0; i < 3; ++i) sec[(first + i) % 3] = runs[(first + i) % 3]();
-    first = (first + 1) % 3;
-    state.SetIterationTime(sec[0]);
-    step_seconds += sec[0];
-    of_triad.push_back(kv_bytes / sec[0] / (static_cast<double>(triad.bytes()) / sec[1]));
-    of_read.push_back(kv_bytes / sec[0] / (static_cast<double>(reader.bytes()) / sec[2]));
-  }
-  auto median = [](std::vector<double> x) {
-    std::nth_element(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(x.size() / 2), x.end());
-    return x.empty() ? 0.0 : x[x.size() / 2];
-  };
-  state.counters["KV_GBps"] = kv_bytes * static_cast<double>(state.iterations()) / step_seconds * 1e-9;
-  state.counters["of_triad"] = median(of_triad);
-  state.counters["of_read"] = median(of_read);
+  for (const auto& s : sec) step_seconds += s[0];
+  state.counters["KV_GBps"] = kv * static_cast<double>(sec.size()) / step_seconds * 1e-9;
+  state.counters["of_triad"] = median_over(sec, [&](const auto& s) { return triad.seconds_for(kv, s[1]) / s[0]; });
+  state.counters["of_read"] = median_over(sec, [&](const auto& s) { return kv / s[0] / (rb / s[2]); });
+}
+
+/// Seconds of `macs` float multiply-adds at the FMA peak (bench_util::fma_peak), split over the
+/// pool's threads; `keep` receives their sums.
+double fma_seconds(double macs, Eigen::ThreadPool* pool, std::vector<float>& keep) {
+  return run_parts(pool, [&](int t, int parts) {
+    keep[static_cast<std::size_t>(t)] =
+        bench_util::fma_peak(static_cast<std::int64_t>(macs / bench_util::fma_lanes) / parts);
+    benchmark::DoNotOptimize(keep.data());
+  });
+}
+
+// Four rows against one and against the machine's limits, in turns (run_turns): each iteration runs
+// the 1-row step, the 4-row step, a triad moving the step's K/V bytes, and register-only FMAs as many
+// as the 4-row step's multiply-adds (2 x 4 rows x 32 heads x Lk x d), all on the same threads.
+// Counters, medians of the per-iteration ratios:
+//   four_over_one  time(4 rows) / time(1 row), as BM_decode_rows_ratio
+//   at_limits      time(FMAs) / time(triad): four_over_one with the 4-row step at the FMA peak and the
+//                  1-row step at the triad's rate, each step's bound on this machine
+//   least          time(FMAs) / time(1 row): the least four_over_one the 1-row step's time leaves
+//   one_of_triad   the 1-row step's rate against the triad's; four_of_peak the 4-row step's against
+//                  the FMAs'
+template <class KV>
+void decode_limits(benchmark::State& state) {
+  const Index Lk = state.range(0), threads = state.range(1);
+  decode_operands<KV> x(4, Lk);
+  const auto pool = make_pool(threads);
+  triad_arrays triad(static_cast<std::size_t>(x.kv_bytes()));
+  const double macs = 2.0 * 4 * static_cast<double>(decode_operands<KV>::H * Lk * decode_operands<KV>::d);
+  std::vector<float> keep(static_cast<std::size_t>(threads), 0.f);
+  const auto sec = run_turns(
+      state,
+      {timed_step(x.q, 1, x.k, x.v, x.out, pool.get()), timed_step(x.q, 4, x.k, x.v, x.out, pool.get()),
+       [&] { return run_parts(pool.get(), std::ref(triad)); }, [&] { return fma_seconds(macs, pool.get(), keep); }});
+  const double kv = x.kv_bytes();
+  state.counters["four_over_one"] = median_over(sec, [](const auto& s) { return s[1] / s[0]; });
+  state.counters["at_limits"] = median_over(sec, [&](const auto& s) { return s[3] / triad.seconds_for(kv, s[2]); });
+  state.counters["least"] = median_over(sec, [](const auto& s) { return s[3] / s[0]; });
+  state.counters["one_of_triad"] = median_over(sec, [&](const auto& s) { return triad.seconds_for(kv, s[2]) / s[0]; });
+  state.counters["four_of_peak"] = median_over(sec, [](const auto& s) { return s[3] / s[1]; });
+}
+
+// Split-KV against the memory's own scaling, in turns (run_turns): each iteration runs the 1-row step
+// on 1 and on 2 threads and a triad moving the step's bytes on 1 and on 2 threads. Counters, medians
+// of the per-iteration ratios:
+//   two_over_one        time(1 thread) / time(2 threads) of the step
+//   triad_two_over_one  the same for the triad: what a second core adds to this machine's memory rate
+//   one_of_triad, two_of_triad  each step's rate against the triad's on as many threads
+//   at_triad            triad_two_over_one / one_of_triad: two_over_one with the 2-thread step at the
+//                       2-thread triad's rate and the 1-thread step as fast as it ran
+template <class KV>
+void decode_threads(benchmark::State& state) {
+  const Index rows = state.range(0), Lk = state.range(1);
+  decode_operands<KV> x(rows, Lk);
+  const auto pool = make_pool(2);
+  triad_arrays triad(static_cast<std::size_t>(x.kv_bytes()));
+  const auto sec = run_turns(
+      state,
+      {timed_step(x.q, rows, x.k, x.v, x.out, nullptr), timed_step(x.q, rows, x.k, x.v, x.out, pool.get()),
+       [&] { return run_parts(nullptr, std::ref(triad)); }, [&] { return run_parts(pool.get(), std::ref(triad)); }});
+  const double kv = x.kv_bytes();
+  state.counters["two_over_one"] = median_over(sec, [](const auto& s) { return s[0] / s[1]; });
+  state.counters["triad_two_over_one"] = median_over(sec, [](const auto& s) { return s[2] / s[3]; });
+  state.counters["one_of_triad"] = median_over(sec, [&](const auto& s) { return triad.seconds_for(kv, s[2]) / s[0]; });
+  state.counters["two_of_triad"] = median_over(sec, [&](const auto& s) { return triad.seconds_for(kv, s[3]) / s[1]; });
+  state.counters["at_triad"] = median_over(sec, [&](const auto& s) { return s[0] / triad.seconds_for(kv, s[3]); });
 }
 
 // Runs f(head) for the 8 heads, on `threads` threads (heads split evenly, no pool overhead inside).
@@ -540,6 +635,9 @@ void register_decode(const char* kv) {
          {"Lk", "threads", "pad_bytes"});
   paired("BM_decode_floor/kv:f32", decode_floor<float>, {{1}, {4096, 32768}, {1, 2}}, {"rows", "Lk", "threads"});
   paired("BM_decode_floor/kv:f16", decode_floor<Eigen::half>, {{1}, {4096, 32768}, {1, 2}}, {"rows", "Lk", "threads"});
+  paired("BM_decode_limits/kv:f32", decode_limits<float>, {{4096, 32768}, {1, 2}}, {"Lk", "threads"});
+  paired("BM_decode_threads/kv:f32", decode_threads<float>, {{1}, {4096, 32768}}, {"rows", "Lk"});
+  paired("BM_decode_threads/kv:f16", decode_threads<Eigen::half>, {{1}, {4096, 32768}}, {"rows", "Lk"});
   paired("BM_decode_padding/kv:f32", decode_padding<float>, {{1, 4}, {4096, 32768}, {1}, {64}},
          {"rows", "Lk", "threads", "pad_bytes"});
   paired("BM_decode_padding/kv:f16", decode_padding<Eigen::half>, {{1, 4}, {4096, 32768}, {1}, {64}},

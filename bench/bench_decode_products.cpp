@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "fma_peak.hpp"
 #include "pairs.hpp"
 #include "posenc/detail/decode_kernels.hpp"
 
@@ -36,9 +37,6 @@ namespace {
 
 using posenc::index_t;
 namespace dk = posenc::detail;
-namespace in = Eigen::internal;
-using packet = dk::packet_of<float>::type;
-constexpr index_t width = dk::packet_of<float>::width;
 constexpr index_t heads = 8, dim = 128, token = heads * dim, keys = 32;
 
 /// x, opaque to the optimizer: the products get their sizes at run time, as the decode step passes
@@ -46,18 +44,6 @@ constexpr index_t heads = 8, dim = 128, token = heads * dim, keys = 32;
 index_t at_run_time(index_t x) {
   benchmark::DoNotOptimize(x);
   return x;
-}
-
-/// `n` packet FMAs in 16 register-only chains; returns their sum (kept by the caller).
-float fma_peak(index_t n) {
-  constexpr int chains = 16;
-  packet c[chains];
-  for (auto& x : c) x = in::pset1<packet>(0.f);
-  const packet a = in::pset1<packet>(0.999f), b = in::pset1<packet>(1e-3f);
-  for (index_t i = 0; i < n; i += chains)
-    for (auto& x : c) x = in::pmadd(x, a, b);
-  for (int i = 1; i < chains; ++i) c[0] = in::padd(c[0], c[i]);
-  return in::predux(c[0]);
 }
 
 enum class product { row_dots, add_weighted, column_dots, add_weighted_rows, add_weighted_pairs };
@@ -135,7 +121,7 @@ void products(benchmark::State& state, product what, layout where) {
     for (int i = 0; i < tiles; ++i) t.run();
   };
   auto peak = [&] {
-    keep += fma_peak(tiles * t.macs() / width);
+    keep += bench_util::fma_peak(tiles * t.macs() / bench_util::fma_lanes);
     benchmark::DoNotOptimize(keep);
   };
   kernel();  // first touch outside the timing
