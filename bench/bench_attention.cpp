@@ -35,7 +35,9 @@ namespace {
 using Index = posenc::index_t;
 constexpr Index kHeads = 8;
 
+using bench_util::median_over;
 using bench_util::random_vector;
+using bench_util::run_turns;
 
 struct inputs {
   Index L, d;
@@ -353,35 +355,6 @@ void decode_padding(benchmark::State& state) {
   state.counters["padded_over_dense"] = bench_util::median_pair_ratio(
       state, [&] { decode_step(dense.q, rows, dense.k, dense.v, dense.out, pool.get()); },
       [&] { decode_step(padded.q, rows, padded.k, padded.v, padded.out, pool.get()); });
-}
-
-/// Runs each of `runs` (each returning its seconds) once per iteration of `state`, in turns, the
-/// first to go rotating, so that they see the same machine state; the first run's time is reported as
-/// the iteration's. Returns each iteration's seconds, run by run. The runs are called once each before
-/// (untimed: the first touch of their arrays).
-std::vector<std::vector<double>> run_turns(benchmark::State& state, const std::vector<std::function<double()>>& runs) {
-  for (const auto& run : runs) run();
-  const std::size_t n = runs.size();
-  std::vector<std::vector<double>> seconds;
-  std::size_t first = 0;
-  for (auto _ : state) {
-    std::vector<double> sec(n);
-    for (std::size_t i = 0; i < n; ++i) sec[(first + i) % n] = runs[(first + i) % n]();
-    first = (first + 1) % n;
-    state.SetIterationTime(sec[0]);
-    seconds.push_back(std::move(sec));
-  }
-  return seconds;
-}
-
-/// The median over the iterations of f(seconds of that iteration's runs).
-template <class F>
-double median_over(const std::vector<std::vector<double>>& seconds, F&& f) {
-  std::vector<double> x;
-  for (const auto& sec : seconds) x.push_back(f(sec));
-  if (x.empty()) return 0;
-  std::nth_element(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(x.size() / 2), x.end());
-  return x[x.size() / 2];
 }
 
 // The decode step against its memory floor, measured in turns (run_turns): each iteration runs the

@@ -1,4 +1,4 @@
-// bench/pairs.hpp — the ratio of two calls measured in back-to-back pairs.
+// bench/pairs.hpp — the ratio of two calls measured in back-to-back pairs, and several calls in turns.
 //
 // This VM's speed drifts by 20-40 % within minutes (it is shared), so two benchmark rows run a
 // minute apart can differ by more than the effect being measured. Timing the two calls back to back,
@@ -11,10 +11,18 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <utility>
 #include <vector>
 
 namespace bench_util {
+
+/// The median of x (0 when empty).
+inline double median(std::vector<double> x) {
+  if (x.empty()) return 0;
+  std::nth_element(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(x.size() / 2), x.end());
+  return x[x.size() / 2];
+}
 
 /// What a paired run measured.
 struct pair_result {
@@ -49,9 +57,7 @@ pair_result run_pairs(benchmark::State& state, A&& a, B&& b, pair_time report = 
     a_first = !a_first;
   }
   r.pairs = static_cast<std::int64_t>(ratios.size());
-  if (ratios.empty()) return r;
-  std::nth_element(ratios.begin(), ratios.begin() + static_cast<std::ptrdiff_t>(ratios.size() / 2), ratios.end());
-  r.ratio = ratios[ratios.size() / 2];
+  r.ratio = median(std::move(ratios));
   return r;
 }
 
@@ -59,6 +65,34 @@ pair_result run_pairs(benchmark::State& state, A&& a, B&& b, pair_time report = 
 template <class A, class B>
 double median_pair_ratio(benchmark::State& state, A&& a, B&& b) {
   return run_pairs(state, std::forward<A>(a), std::forward<B>(b)).ratio;
+}
+
+/// Runs each of `runs` (each returning its seconds) once per iteration of `state`, in turns, the
+/// first to go rotating, so that they see the same machine state; the first run's time is reported as
+/// the iteration's. Returns each iteration's seconds, run by run. The runs are called once each before
+/// (untimed: the first touch of their arrays).
+inline std::vector<std::vector<double>> run_turns(benchmark::State& state,
+                                                  const std::vector<std::function<double()>>& runs) {
+  for (const auto& run : runs) run();
+  const std::size_t n = runs.size();
+  std::vector<std::vector<double>> seconds;
+  std::size_t first = 0;
+  for (auto _ : state) {
+    std::vector<double> sec(n);
+    for (std::size_t i = 0; i < n; ++i) sec[(first + i) % n] = runs[(first + i) % n]();
+    first = (first + 1) % n;
+    state.SetIterationTime(sec[0]);
+    seconds.push_back(std::move(sec));
+  }
+  return seconds;
+}
+
+/// The median over the iterations of f(seconds of that iteration's runs) (run_turns).
+template <class F>
+double median_over(const std::vector<std::vector<double>>& seconds, F&& f) {
+  std::vector<double> x;
+  for (const auto& sec : seconds) x.push_back(f(sec));
+  return median(std::move(x));
 }
 
 }  // namespace bench_util
