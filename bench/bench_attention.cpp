@@ -423,29 +423,37 @@ void decode_limits(benchmark::State& state) {
 }
 
 // Split-KV against the memory's own scaling, in turns (run_turns): each iteration runs the 1-row step
-// on 1 and on 2 threads and a triad moving the step's bytes on 1 and on 2 threads. Counters, medians
-// of the per-iteration ratios:
+// on 1 and on 2 threads, a triad moving the step's bytes on 1 and on 2 threads, and cache_reader over
+// the cache itself on 1 and on 2 threads. Counters, medians of the per-iteration ratios:
 //   two_over_one        time(1 thread) / time(2 threads) of the step
 //   triad_two_over_one  the same for the triad: what a second core adds to this machine's memory rate
+//   read_two_over_one   the same for the reader (reads only, as the step does)
 //   one_of_triad, two_of_triad  each step's rate against the triad's on as many threads
 //   at_triad            triad_two_over_one / one_of_triad: two_over_one with the 2-thread step at the
 //                       2-thread triad's rate and the 1-thread step as fast as it ran
+//   at_read             time(step, 1 thread) / time(reader, 2 threads): the same with the 2-thread step
+//                       reading the cache as fast as the reader does on 2 threads; a 2-thread step
+//                       cannot beat it by much without reading faster than a plain read
 template <class KV>
 void decode_threads(benchmark::State& state) {
   const Index rows = state.range(0), Lk = state.range(1);
   decode_operands<KV> x(rows, Lk);
   const auto pool = make_pool(2);
   triad_arrays triad(static_cast<std::size_t>(x.kv_bytes()));
+  cache_reader<KV> reader({&x.k.data, &x.v.data}, pool.get());
   const auto sec = run_turns(
       state,
       {timed_step(x.q, rows, x.k, x.v, x.out, nullptr), timed_step(x.q, rows, x.k, x.v, x.out, pool.get()),
-       [&] { return run_parts(nullptr, std::ref(triad)); }, [&] { return run_parts(pool.get(), std::ref(triad)); }});
-  const double kv = x.kv_bytes();
+       [&] { return run_parts(nullptr, std::ref(triad)); }, [&] { return run_parts(pool.get(), std::ref(triad)); },
+       [&] { return run_parts(nullptr, std::ref(reader)); }, [&] { return run_parts(pool.get(), std::ref(reader)); }});
+  const double kv = x.kv_bytes(), rb = static_cast<double>(reader.bytes());
   state.counters["two_over_one"] = median_over(sec, [](const auto& s) { return s[0] / s[1]; });
   state.counters["triad_two_over_one"] = median_over(sec, [](const auto& s) { return s[2] / s[3]; });
+  state.counters["read_two_over_one"] = median_over(sec, [](const auto& s) { return s[4] / s[5]; });
   state.counters["one_of_triad"] = median_over(sec, [&](const auto& s) { return triad.seconds_for(kv, s[2]) / s[0]; });
   state.counters["two_of_triad"] = median_over(sec, [&](const auto& s) { return triad.seconds_for(kv, s[3]) / s[1]; });
   state.counters["at_triad"] = median_over(sec, [&](const auto& s) { return s[0] / triad.seconds_for(kv, s[3]); });
+  state.counters["at_read"] = median_over(sec, [&](const auto& s) { return s[0] / (s[5] * kv / rb); });
 }
 
 // Runs f(head) for the 8 heads, on `threads` threads (heads split evenly, no pool overhead inside).
