@@ -149,6 +149,10 @@ inline void with_sweep_locality(F&& f) {
 /// Chunks of 4 keys with the L2 prefetch measured 1.10 before, f32 chunks of 8 1.02; f16 and bf16
 /// (2 KiB rows) with chunks of 8 0.96-1.05 and chunks of 4 1.06-1.08, so half values stay head by
 /// head.
+/// The chunks cost compute (the accumulators loaded and stored every chunk: 150 ns per key against
+/// 90 head by head, Zen 4 VM, in L2), and every cheaper order tried there gave it back from DRAM
+/// (paired, f32 1 row, time in L3 / from DRAM: chunks of 8 0.90 / 0.96-1.00, of 16 0.85 / 1.01-1.02,
+/// head by head 0.78-0.83 / 0.90-1.06; docs/performance.md › Decode).
 inline constexpr index_t decode_value_chunk_keys = 4;
 /// The largest token row of values (all kv heads) summed that way: two chunks within 32 KiB.
 inline constexpr index_t decode_value_chunk_row_bytes = 4096;
