@@ -123,10 +123,12 @@ inline constexpr index_t decode_sweep_prefetch_rows = 4;
 /// L2. With f32 the block being read and the one prefetched take 32 KiB: a third of a 48 KiB L1 is
 /// left to the queries, scores and accumulators, none of a 32 KiB one. Paired calls, 1 row, GQA
 /// 32/8, d = 128, time into L2 against into L1 (4 rows ahead for both): on a Zen 4 VM (32 KiB L1)
-/// f32 Lk = 4096 0.78 (keys alone 0.91), Lk = 32768 0.76, 2 threads 0.81-0.82, calls rotating over
-/// 16 layers' caches of 1024 keys 0.82; f16 Lk = 32768 0.85 (1 and 2 threads), Lk = 4096 1.00, bf16
-/// 0.98; 8 or 16 rows ahead into L2 1.00-1.01 against 4. On a Zen 5 VM (48 KiB L1) into L1 was the
-/// faster (the numbers above and at decode_value_chunk_keys).
+/// f32 Lk = 4096 0.78 (keys alone 0.91), Lk = 32768 0.76, calls rotating over 16 layers' caches of
+/// 1024 keys 0.82; f16 Lk = 32768 0.85, Lk = 4096 1.00, bf16 0.98; 8 or 16 rows ahead into L2
+/// 1.00-1.01 against 4. On 2 threads (one binary and one pool, the level switched between turns; two
+/// libraries would each bring a pool) f32 Lk = 4096 and 32768 0.82-0.86, keys and values 8, 16 or 32
+/// rows ahead against 4 0.97-1.08. On a Zen 5 VM (48 KiB L1) into L1 was the faster (the numbers
+/// above and at decode_value_chunk_keys).
 inline constexpr index_t decode_sweep_l1_min_bytes = index_t{48} << 10;
 
 /// f(std::integral_constant<int, to_l1 or to_l2>{}): the level the sweeps across the heads prefetch
