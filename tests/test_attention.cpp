@@ -1600,6 +1600,37 @@ TEST_CASE("attention, decode path: small sizes, every option combination, double
   }
 }
 
+TEST_CASE("decode kernels: queries into the column layout and the pair layout back to rows, every row count",
+          "[kernel][decode]") {
+  namespace dk = posenc::detail;
+  for (Index d = 2; d <= 130; d += 2)
+    for (Index rows = 5; rows <= 16; ++rows) {
+      const Index lanes = 16, stride = d + 3;  // rows padded: the products read q with a row stride
+      std::vector<float> q(static_cast<std::size_t>(rows * stride));
+      for (std::size_t i = 0; i < q.size(); ++i) q[i] = static_cast<float>(i % 1000) + 0.25f;
+      std::vector<float> qc(static_cast<std::size_t>(d * lanes), -1.f);
+      dk::column_queries(q.data(), stride, rows, d, lanes, qc.data());
+      const bool pairs = dk::column_pairs<float>(lanes, d);
+      INFO("d " << d << ", rows " << rows << (pairs ? ", pair layout" : ", columns"));
+      Index wrong = 0;
+      for (Index r = 0; r < lanes; ++r)
+        for (Index t = 0; t < d; ++t) {
+          const float want = r < rows ? q[static_cast<std::size_t>(r * stride + t)] : 0.f;
+          const Index at = pairs ? dk::pair_offset(r, t) : t * lanes + r;
+          wrong += qc[static_cast<std::size_t>(at)] != want;
+        }
+      CHECK(wrong == 0);
+      if (!pairs) continue;
+      std::vector<float> back(static_cast<std::size_t>(rows * d + 5), -7.f);  // 5 past the end: untouched
+      dk::unpair_rows(qc.data(), rows, d, back.data());
+      for (Index r = 0; r < rows; ++r)
+        for (Index t = 0; t < d; ++t)
+          wrong += back[static_cast<std::size_t>(r * d + t)] != q[static_cast<std::size_t>(r * stride + t)];
+      for (Index i = rows * d; i < rows * d + 5; ++i) wrong += back[static_cast<std::size_t>(i)] != -7.f;
+      CHECK(wrong == 0);
+    }
+}
+
 TEST_CASE("attention, tiled path forced: small sizes, every option combination, float", "[kernel]") {
   for (const config& c : with_path(small_configs(), posenc::attention_path::tiled)) check_case<float>(c, posenc::no_position{});
 }
