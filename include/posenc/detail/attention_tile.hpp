@@ -35,8 +35,10 @@ namespace posenc::detail {
 /// Sets the invisible scores of a tile to -inf (call_masks::visible, per tile): padding keys by
 /// column, causal by comparing positions, and with a sliding window (`window` > 0, causal only) the
 /// keys at or before q - window; when the key positions ascend, each row keeps one contiguous range.
-template <class T>
-void mask_tile(matrix_map<T> s, const std::int64_t* q_pos, const std::int64_t* k_pos, const unsigned char* k_valid,
+/// `s`: a writable Eigen expression, row i the scores of query i (a matrix_map of the row layout, or
+/// the transpose of the decode column layout's S^T, masked in place).
+template <class T, class S>
+void mask_tile(S&& s, const std::int64_t* q_pos, const std::int64_t* k_pos, const unsigned char* k_valid,
                bool has_padding, bool causal, bool ascending, std::int64_t window = 0) {
   constexpr T neg_inf = -std::numeric_limits<T>::infinity();
   const index_t rows = s.rows(), cols = s.cols();
