@@ -103,6 +103,12 @@ struct online_softmax {
     return total;
   }
 
+  /// alpha = exp(shift) for shift = m_old - m_new <= 0: 1 without an exp when the max did not move,
+  /// which after a row's first blocks is the common case (a 1-row GQA 32/8 decode step, f16 or f32
+  /// cache, Lk = 1024 to 32768, took 0.97-1.00x the time without the exp call, one core of a Zen 5
+  /// VM, both ways in turns in one process); 0 below flush_below, m_old = -inf included.
+  static T rescale_factor(T shift) { return shift == T(0) ? T(1) : shift < flush_below ? T(0) : std::exp(shift); }
+
   /// Replaces the scores s (rows x cols, masked entries -inf) by exp(s - m_new) in place and updates
   /// m, l and alpha. Returns whether some alpha differs from 1 (the accumulators need rescaling).
   bool step(matrix_map<T> s) {
@@ -127,8 +133,7 @@ struct online_softmax {
         alpha(i) = T(1);
         continue;
       }
-      const T shift = m(i) - m_new;  // m(i) = -inf gives alpha 0: the accumulators are still zero
-      alpha(i) = shift < flush_below ? T(0) : std::exp(shift);
+      alpha(i) = rescale_factor(m(i) - m_new);  // m(i) = -inf gives 0: the accumulators are still zero
       rescale = rescale || alpha(i) != T(1);
       l(i) = alpha(i) * l(i) + to_weights(row, n, m_new);
       m(i) = m_new;
@@ -219,8 +224,7 @@ struct online_softmax {
         for (index_t j = 0; j < n; ++j) st[j * ld + i] = T(0);
         continue;
       }
-      const T shift = m(i) - m_new;
-      alpha(i) = shift < flush_below ? T(0) : std::exp(shift);
+      alpha(i) = rescale_factor(m(i) - m_new);
       rescale = rescale || alpha(i) != T(1);
       T sum = 0;
       for (index_t j = 0; j < n; ++j) {
