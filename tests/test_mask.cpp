@@ -504,78 +504,137 @@ TEST_CASE("online_softmax::step: weights in whole packets and tails; a NaN poiso
   }
 }
 
-TEST_CASE("online_softmax::step_columns: each row (lane) gets the step's weights, max, sum and alpha; NaN rules per lane",
-          "[kernel]") {
-  using posenc::detail::online_softmax;
-  constexpr float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
-  constexpr Index W = online_softmax<float>::width;
-  // row kinds: 0 finite, max rising in block 1; 1 some -inf, max falling; 2 nothing visible in block 0,
-  // finite in block 1; 3 nothing visible; 4 a NaN among -inf in block 1; 5 a NaN among finite ones in
-  // block 0; 6 a +inf in block 1; 7 a NaN first among finite ones (the packet max loses it). With
-  // `unusual` false only kinds 0, 1 and 7 (the packet path), else 0-6 (row by row).
+namespace {
+
+/// Scores for the online_softmax steps over two blocks, by row kind: 0 finite, max rising in block 1;
+/// 1 some -inf, max falling; 2 nothing visible in block 0, finite in block 1; 3 nothing visible; 4 a
+/// NaN among -inf in block 1; 5 a NaN among finite ones in block 0; 6 a +inf in block 1; 7 a NaN
+/// first among finite ones (a packet max loses it). With `unusual` false only kinds 0, 1 and 7 (the
+/// packet paths), else 0-6 (row by row).
+struct softmax_scores {
   bool unusual = false;
-  auto kind = [&](Index r) { return unusual ? r % 7 : (r % 3 == 2 ? 7 : r % 3); };
-  auto score = [&](Index blk, Index r, Index j, Index n) -> float {
+  [[nodiscard]] Index kind(Index r) const { return unusual ? r % 7 : (r % 3 == 2 ? 7 : r % 3); }
+  [[nodiscard]] float operator()(Index blk, Index r, Index j, Index n) const {
+    constexpr float finf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
     const auto x = static_cast<float>(j), b = static_cast<float>(blk), rf = static_cast<float>(r);
     switch (kind(r)) {
       case 0: return std::sin(0.7f * x + rf) * 3.0f + 2.0f * b;
-      case 1: return j % 3 == 1 ? -inf : 0.25f * x - 3.0f * b;
-      case 2: return blk == 0 ? -inf : 0.1f * x;
-      case 3: return -inf;
-      case 4: return blk == 1 && j == r % n ? nan : -inf;
+      case 1:
+        return j % 3 == 1 ? -finf : 0.25f * x - 3.0f * b;
+      case 2:
+        return blk == 0 ? -finf : 0.1f * x;
+      case 3:
+        return -finf;
+      case 4:
+        return blk == 1 && j == r % n ? nan : -finf;
       case 5: return blk == 0 && j == (7 * r) % n ? nan : 0.5f * x;
-      case 6: return blk == 1 && j == n / 2 ? inf : -0.5f * x;
+      case 6:
+        return blk == 1 && j == n / 2 ? finf : -0.5f * x;
       default: return blk == 0 && j == 0 ? nan : 0.3f * x;
     }
-  };
+  }
+};
+
+/// The double-precision running softmax of `rows` rows of softmax_scores, block by block: check(blk,
+/// step) runs one block's step (step(blk) fills and steps it) and then compares the state and the
+/// weights (weight(r, j)) with the running reference.
+struct softmax_oracle {
+  softmax_scores score;
+  Index rows, n;
+  std::vector<double> m_ref, l_ref;
+  std::vector<bool> poisoned;
+  softmax_oracle(softmax_scores s, Index rows_, Index n_)
+      : score(s),
+        rows(rows_),
+        n(n_),
+        m_ref(static_cast<std::size_t>(rows_), -inf),
+        l_ref(static_cast<std::size_t>(rows_), 0.0),
+        poisoned(static_cast<std::size_t>(rows_), false) {}
+
+  template <class Weight>
+  void check_block(Index blk, const posenc::detail::online_softmax<float>& sm, Weight&& weight) {
+    for (Index r = 0; r < rows; ++r) {
+      INFO("block " << blk << ", row " << r);
+      const auto i = static_cast<std::size_t>(r);
+      double block_max = -inf;
+      bool bad = false;
+      for (Index j = 0; j < n; ++j) {
+        const float x = score(blk, r, j, n);
+        bad = bad || std::isnan(x) || x == std::numeric_limits<float>::infinity();
+        block_max = std::max(block_max, static_cast<double>(x));
+      }
+      poisoned[i] = poisoned[i] || bad;
+      if (poisoned[i]) {
+        CHECK(std::isnan(sm.m(r)));
+        CHECK(std::isnan(sm.l(r)));
+        for (Index j = 0; j < n; ++j) CHECK(std::isnan(weight(r, j)));
+        continue;
+      }
+      const double m_new = std::max(m_ref[i], block_max);
+      const double alpha = m_new == -inf ? 1.0 : std::exp(m_ref[i] - m_new);
+      double sum = 0;
+      for (Index j = 0; j < n; ++j) {
+        const double w = m_new == -inf ? 0.0 : std::exp(static_cast<double>(score(blk, r, j, n)) - m_new);
+        CHECK(weight(r, j) == Approx(w).margin(1e-7));
+        sum += w;
+      }
+      CHECK(sm.alpha(r) == Approx(alpha).margin(1e-7));
+      l_ref[i] = alpha * l_ref[i] + sum;
+      m_ref[i] = m_new;
+      CHECK(static_cast<double>(sm.m(r)) == m_ref[i]);
+      CHECK(sm.l(r) == Approx(l_ref[i]).epsilon(1e-6));
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("online_softmax::step over two blocks: every row kind, 1-5 rows, whole packets and tails", "[kernel]") {
+  using posenc::detail::online_softmax;
+  // up to 4 rows of whole packets take the reductions side by side (AVX-512, step_rows4), the others
+  // and any row that is not finite row by row; a row stride past n as the decode tiles have none
+  for (const bool unusual : {false, true})
+    for (const Index rows : {1, 2, 3, 4, 5})
+      for (const Index n : {1, 5, 16, 32, 33, 48}) {
+        INFO("rows = " << rows << ", n = " << n << (unusual ? ", unusual rows" : ""));
+        const Index ld = n + 3;
+        softmax_oracle oracle(softmax_scores{unusual}, rows, n);
+        online_softmax<float> sm;
+        sm.reset(rows);
+        for (Index blk = 0; blk < 2; ++blk) {
+          std::vector<float> s(static_cast<std::size_t>(rows * ld), 7.0f);  // the gaps must stay as they are
+          for (Index r = 0; r < rows; ++r)
+            for (Index j = 0; j < n; ++j) s[static_cast<std::size_t>(r * ld + j)] = oracle.score(blk, r, j, n);
+          sm.step(posenc::matrix_map<float>(s.data(), rows, n, Eigen::OuterStride<>(ld)));
+          oracle.check_block(blk, sm, [&](Index r, Index j) { return s[static_cast<std::size_t>(r * ld + j)]; });
+          for (Index r = 0; r < rows; ++r)
+            for (Index j = n; j < ld; ++j) CHECK(s[static_cast<std::size_t>(r * ld + j)] == 7.0f);
+        }
+      }
+}
+
+TEST_CASE(
+    "online_softmax::step_columns: each row (lane) gets the step's weights, max, sum and alpha; NaN rules per lane",
+    "[kernel]") {
+  using posenc::detail::online_softmax;
+  constexpr float nan = std::numeric_limits<float>::quiet_NaN();
+  constexpr Index W = online_softmax<float>::width;
   for (int pass = 0; pass < 2 * 6 * 4; ++pass) {
     const bool u = pass >= 6 * 4;
     const Index rows = std::array<Index, 6>{1, 3, W - 1, W, W + 1, 2 * W}[static_cast<std::size_t>(pass / 4 % 6)];
     const Index n = std::array<Index, 4>{1, 5, 32, 33}[static_cast<std::size_t>(pass % 4)];
-    unusual = u;
     INFO("rows = " << rows << ", n = " << n << (u ? ", unusual rows" : ""));
     const Index ld = (rows + W - 1) / W * W;
+    softmax_oracle oracle(softmax_scores{u}, rows, n);
     online_softmax<float> sm;
     sm.reset(ld);  // a row per lane; the padding rows are ignored
-    std::vector<double> m_ref(static_cast<std::size_t>(rows), -inf), l_ref(static_cast<std::size_t>(rows), 0.0);
-    std::vector<bool> poisoned(static_cast<std::size_t>(rows), false);
     for (Index blk = 0; blk < 2; ++blk) {
       // padding rows 0 (as the kernel's zero queries give), or NaN: it must not leak into the rows
       std::vector<float> st(static_cast<std::size_t>(n * ld), u ? nan : 0.0f);
       for (Index j = 0; j < n; ++j)
-        for (Index r = 0; r < rows; ++r) st[static_cast<std::size_t>(j * ld + r)] = score(blk, r, j, n);
+        for (Index r = 0; r < rows; ++r) st[static_cast<std::size_t>(j * ld + r)] = oracle.score(blk, r, j, n);
       sm.step_columns(st.data(), n, ld);
-      for (Index r = 0; r < rows; ++r) {
-        INFO("block " << blk << ", row " << r);
-        const auto i = static_cast<std::size_t>(r);
-        double block_max = -inf;
-        bool bad = false;
-        for (Index j = 0; j < n; ++j) {
-          const float x = score(blk, r, j, n);
-          bad = bad || std::isnan(x) || x == inf;
-          block_max = std::max(block_max, static_cast<double>(x));
-        }
-        poisoned[i] = poisoned[i] || bad;
-        if (poisoned[i]) {
-          CHECK(std::isnan(sm.m(r)));
-          CHECK(std::isnan(sm.l(r)));
-          for (Index j = 0; j < n; ++j) CHECK(std::isnan(st[static_cast<std::size_t>(j * ld + r)]));
-          continue;
-        }
-        const double m_new = std::max(m_ref[i], block_max);
-        const double alpha = m_new == -inf ? 1.0 : std::exp(m_ref[i] - m_new);
-        double sum = 0;
-        for (Index j = 0; j < n; ++j) {
-          const double w = m_new == -inf ? 0.0 : std::exp(static_cast<double>(score(blk, r, j, n)) - m_new);
-          CHECK(st[static_cast<std::size_t>(j * ld + r)] == Approx(w).margin(1e-7));
-          sum += w;
-        }
-        CHECK(sm.alpha(r) == Approx(alpha).margin(1e-7));
-        l_ref[i] = alpha * l_ref[i] + sum;
-        m_ref[i] = m_new;
-        CHECK(static_cast<double>(sm.m(r)) == m_ref[i]);
-        CHECK(sm.l(r) == Approx(l_ref[i]).epsilon(1e-6));
-      }
+      oracle.check_block(blk, sm, [&](Index r, Index j) { return st[static_cast<std::size_t>(j * ld + r)]; });
     }
   }
 }

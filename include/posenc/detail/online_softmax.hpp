@@ -37,6 +37,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include <Eigen/Core>
 
@@ -112,9 +113,92 @@ struct online_softmax {
   /// Replaces the scores s (rows x cols, masked entries -inf) by exp(s - m_new) in place and updates
   /// m, l and alpha. Returns whether some alpha differs from 1 (the accumulators need rescaling).
   bool step(matrix_map<T> s) {
+#if defined(EIGEN_VECTORIZE_AVX512)
+    if constexpr (std::is_same_v<T, float>)
+      if (s.rows() <= 4 && s.cols() > 0 && s.cols() % width == 0) return step_rows4(s);
+#endif
+    return step_by_row(s);
+  }
+
+ private:
+#if defined(EIGEN_VECTORIZE_AVX512)
+  /// Lanes 4 r .. 4 r + 3 of the result: op over the 16 lanes of x[r], for 4 packets reduced together
+  /// (halves, then 128-bit blocks, then pairs: with AVX512DQ the additions of Eigen's predux, lane for lane).
+  template <class Op>
+  static __m512 reduce_4(const __m512 (&x)[4], Op op) {
+    const __m512 a = op(_mm512_shuffle_f32x4(x[0], x[1], 0x44), _mm512_shuffle_f32x4(x[0], x[1], 0xEE));
+    const __m512 b = op(_mm512_shuffle_f32x4(x[2], x[3], 0x44), _mm512_shuffle_f32x4(x[2], x[3], 0xEE));
+    const __m512 c = op(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
+    const __m512 d = op(c, _mm512_permute_ps(c, 0x4E));
+    return op(d, _mm512_permute_ps(d, 0xB1));
+  }
+
+  /// step for up to 4 rows of whole packets (float, AVX-512; a decode tile of one row per query head
+  /// of GQA 32/8): each row's packet max and packet sum built as step_by_row builds them, the 4
+  /// horizontal reductions of each done together (reduce_4) instead of one per row: the same weights
+  /// and maxima as step_by_row (l within an ulp: the compiler may fuse alpha l + sum in either). A row
+  /// whose max or running max is not finite (nothing visible in the block, +inf, NaN) sends the whole
+  /// step to step_by_row before anything is written. Measured on one core of a Zen 5 VM: the softmax of
+  /// a tile of 8 kv heads x 4 rows x 32 keys 0.79x the time of step_by_row; a 1-row GQA 32/8 decode
+  /// step (both ways in turns in one process, Lk = 1024 to 32768) 0.97-0.98x with an f16 cache, where
+  /// the step's arithmetic is what keeps it from the memory's rate, 0.99-1.01x with f32.
+  bool step_rows4(matrix_map<T> s) {
+    const index_t rows = s.rows(), n = s.cols(), ld = s.outerStride();
+    const auto row = [&](index_t r) { return s.data() + r * ld; };
+    __m512 part[4];  // rows past the last repeat row 0; their lanes are not read
+    for (index_t r = 0; r < 4; ++r) {
+      const float* x = row(r < rows ? r : 0);
+      part[r] = _mm512_loadu_ps(x);
+      for (index_t j = width; j < n; j += width) part[r] = _mm512_max_ps(part[r], _mm512_loadu_ps(x + j));
+    }
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, reduce_4(part, [](__m512 a, __m512 b) { return _mm512_max_ps(a, b); }));
+    float m_new[4];
+    for (index_t r = 0; r < rows; ++r) {
+      const float row_max = lanes[4 * r];
+      if (!(std::abs(row_max) < std::numeric_limits<float>::infinity()) || std::isnan(m(r))) return step_by_row(s);
+      m_new[r] = std::max(m(r), row_max);
+    }
+    namespace in = Eigen::internal;
+    const packet pc = in::pset1<packet>(flush_below), pw = in::pset1<packet>(flush_weight),
+                 zero = in::pset1<packet>(0.f);
+    for (index_t r = 0; r < 4; ++r) {
+      part[r] = zero;
+      if (r >= rows) continue;
+      float* x = row(r);
+      const packet pm = in::pset1<packet>(m_new[r]);
+      for (index_t j = 0; j < n; j += width) {  // to_weights' packet ops (a NaN score stays first in pmax)
+        const packet w = in::pmax(in::psub(in::pexp(in::pmax(in::psub(in::ploadu<packet>(x + j), pm), pc)), pw), zero);
+        in::pstoreu(x + j, w);
+        part[r] = in::padd(part[r], w);
+      }
+    }
+    _mm512_store_ps(lanes, reduce_4(part, [](__m512 a, __m512 b) { return _mm512_add_ps(a, b); }));
+    bool rescale = false;
+    for (index_t r = 0; r < rows; ++r) {
+      alpha(r) = rescale_factor(m(r) - m_new[r]);
+      rescale = rescale || alpha(r) != 1.f;
+      l(r) = alpha(r) * l(r) + lanes[4 * r];
+      m(r) = m_new[r];
+      if (std::isnan(l(r))) {  // a NaN score the row max did not report (header comment)
+        poison_row(row(r), n, r);
+        rescale = true;
+      }
+    }
+    return rescale;
+  }
+#endif
+
+  /// Row i of a step becomes NaN: its weights (row[0 .. n)), m, l and alpha.
+  void poison_row(T* row, index_t n, index_t i) {
+    std::fill(row, row + n, std::numeric_limits<T>::quiet_NaN());
+    m(i) = l(i) = alpha(i) = std::numeric_limits<T>::quiet_NaN();
+  }
+
+  /// step one row at a time.
+  bool step_by_row(matrix_map<T> s) {
     constexpr T neg_inf = -std::numeric_limits<T>::infinity();
     constexpr T pos_inf = std::numeric_limits<T>::infinity();
-    constexpr T nan = std::numeric_limits<T>::quiet_NaN();
     bool rescale = false;
     for (index_t i = 0; i < s.rows(); ++i) {
       T* row = s.data() + i * s.outerStride();
@@ -122,8 +206,7 @@ struct online_softmax {
       const T row_max = n == 0 ? neg_inf : max_of(row, n);
       if (std::isnan(m(i)) || std::isnan(row_max) || row_max == pos_inf ||
           (row_max == neg_inf && std::any_of(row, row + n, [](T x) { return std::isnan(x); }))) {  // poisoned (header comment)
-        std::fill(row, row + n, nan);
-        m(i) = l(i) = alpha(i) = nan;
+        poison_row(row, n, i);
         rescale = true;
         continue;
       }
@@ -138,14 +221,14 @@ struct online_softmax {
       l(i) = alpha(i) * l(i) + to_weights(row, n, m_new);
       m(i) = m_new;
       if (std::isnan(l(i))) {  // a NaN score the row max did not report (header comment)
-        std::fill(row, row + n, nan);
-        m(i) = l(i) = alpha(i) = nan;
+        poison_row(row, n, i);
         rescale = true;
       }
     }
     return rescale;
   }
 
+ public:
   /// Whether every lane of a comparison's result is true.
   static bool all_lanes(const packet& mask) {
     namespace in = Eigen::internal;
