@@ -79,6 +79,19 @@ struct online_softmax {
     return best;
   }
 
+  /// The weights of a packet of scores against the max m in packet ops, to_weights' formula: a local
+  /// object, so that the constants stay in registers across the stores of a loop.
+  struct packet_weights {
+    packet m;
+    packet c = Eigen::internal::pset1<packet>(flush_below), w = Eigen::internal::pset1<packet>(flush_weight),
+           zero = Eigen::internal::pset1<packet>(T(0));
+    explicit packet_weights(const packet& m_new) : m(m_new) {}
+    packet operator()(const packet& s) const {  // pmax keeps a NaN in its first operand, where the score is
+      namespace in = Eigen::internal;
+      return in::pmax(in::psub(in::pexp(in::pmax(in::psub(s, m), c)), w), zero);
+    }
+  };
+
   /// row[j] = w_j = max(exp(max(s_j - m, c)) - 2 exp(c), 0) with c = flush_below, in place; returns
   /// sum_j w_j. Every step is a packet op written out (Eigen 3.4 evaluates `select` one scalar at a
   /// time, measured 2.8 ns per score; an Eigen expression per row cost 11 % of a decode step on its
@@ -87,12 +100,11 @@ struct online_softmax {
   /// one ulp of the sum. pmax keeps a NaN in its first operand, where the score is.
   static T to_weights(T* row, index_t n, T m_new) {
     namespace in = Eigen::internal;
-    const packet pm = in::pset1<packet>(m_new), pc = in::pset1<packet>(flush_below),
-                 pw = in::pset1<packet>(flush_weight), zero = in::pset1<packet>(T(0));
-    packet sum = zero;
+    const packet_weights weight(in::pset1<packet>(m_new));
+    packet sum = in::pset1<packet>(T(0));
     index_t j = 0;
     for (; j + width <= n; j += width) {
-      const packet w = in::pmax(in::psub(in::pexp(in::pmax(in::psub(in::ploadu<packet>(row + j), pm), pc)), pw), zero);
+      const packet w = weight(in::ploadu<packet>(row + j));
       in::pstoreu(row + j, w);
       sum = in::padd(sum, w);
     }
@@ -160,15 +172,13 @@ struct online_softmax {
       m_new[r] = std::max(m(r), row_max);
     }
     namespace in = Eigen::internal;
-    const packet pc = in::pset1<packet>(flush_below), pw = in::pset1<packet>(flush_weight),
-                 zero = in::pset1<packet>(0.f);
     for (index_t r = 0; r < 4; ++r) {
-      part[r] = zero;
+      part[r] = _mm512_setzero_ps();
       if (r >= rows) continue;
       float* x = row(r);
-      const packet pm = in::pset1<packet>(m_new[r]);
-      for (index_t j = 0; j < n; j += width) {  // to_weights' packet ops (a NaN score stays first in pmax)
-        const packet w = in::pmax(in::psub(in::pexp(in::pmax(in::psub(in::ploadu<packet>(x + j), pm), pc)), pw), zero);
+      const packet_weights weight(in::pset1<packet>(m_new[r]));
+      for (index_t j = 0; j < n; j += width) {
+        const packet w = weight(in::ploadu<packet>(x + j));
         in::pstoreu(x + j, w);
         part[r] = in::padd(part[r], w);
       }
@@ -247,9 +257,8 @@ struct online_softmax {
     namespace in = Eigen::internal;
     constexpr T neg_inf = -std::numeric_limits<T>::infinity();
     constexpr T pos_inf = std::numeric_limits<T>::infinity();
-    const packet pc = in::pset1<packet>(flush_below), pw = in::pset1<packet>(flush_weight),
-                 zero = in::pset1<packet>(T(0)), one = in::pset1<packet>(T(1)), ninf = in::pset1<packet>(neg_inf),
-                 pinf = in::pset1<packet>(pos_inf);
+    const packet pc = in::pset1<packet>(flush_below), zero = in::pset1<packet>(T(0)), one = in::pset1<packet>(T(1)),
+                 ninf = in::pset1<packet>(neg_inf), pinf = in::pset1<packet>(pos_inf);
     bool rescale = false;
     for (index_t c = 0; c < ld; c += width) {
       packet mx = ninf;
@@ -264,10 +273,11 @@ struct online_softmax {
       const packet m_new = in::pmax(m_old, mx);
       const packet shift = in::psub(m_old, m_new);  // -inf for a row's first visible block: alpha 0
       const packet a = in::pselect(in::pcmp_lt(shift, pc), zero, in::pexp(in::pmax(shift, pc)));
+      const packet_weights weight(m_new);
       packet sum = zero;
       for (index_t j = 0; j < n; ++j) {
         T* x = st + j * ld + c;
-        const packet w = in::pmax(in::psub(in::pexp(in::pmax(in::psub(in::ploadu<packet>(x), m_new), pc)), pw), zero);
+        const packet w = weight(in::ploadu<packet>(x));
         in::pstoreu(x, w);
         sum = in::padd(sum, w);
       }
