@@ -67,16 +67,22 @@ struct online_softmax {
   /// The largest of row[0 .. n), n > 0. A NaN may or may not be reported (the packet max keeps it only
   /// in its first operand): step checks the sum, and a row whose reported max is -inf, for NaN.
   static T max_of(const T* row, index_t n) {
-    namespace in = Eigen::internal;
     T best = row[0];
     index_t j = 1;
     if (n >= width) {
-      packet acc = in::ploadu<packet>(row);
-      for (j = width; j + width <= n; j += width) acc = in::pmax(acc, in::ploadu<packet>(row + j));
-      best = in::predux_max(acc);
+      best = Eigen::internal::predux_max(packet_max(row, n));
+      j = n / width * width;
     }
     for (; j < n; ++j) best = std::max(best, row[j]);  // a NaN best stays
     return best;
+  }
+
+  /// The lane-wise max over the whole packets of row[0 .. n), n >= width (max_of before its reduction).
+  static packet packet_max(const T* row, index_t n) {
+    namespace in = Eigen::internal;
+    packet acc = in::ploadu<packet>(row);
+    for (index_t j = width; j + width <= n; j += width) acc = in::pmax(acc, in::ploadu<packet>(row + j));
+    return acc;
   }
 
   /// The weights of a packet of scores against the max m in packet ops, to_weights' formula: a local
@@ -99,21 +105,25 @@ struct online_softmax {
   /// an argument whose result is subnormal; the others move by 2 exp(c) (4e-28 in float), far below
   /// one ulp of the sum. pmax keeps a NaN in its first operand, where the score is.
   static T to_weights(T* row, index_t n, T m_new) {
-    namespace in = Eigen::internal;
-    const packet_weights weight(in::pset1<packet>(m_new));
-    packet sum = in::pset1<packet>(T(0));
-    index_t j = 0;
-    for (; j + width <= n; j += width) {
-      const packet w = weight(in::ploadu<packet>(row + j));
-      in::pstoreu(row + j, w);
-      sum = in::padd(sum, w);
-    }
-    T total = in::predux(sum);
-    for (; j < n; ++j) {
+    T total = Eigen::internal::predux(packets_to_weights(row, n, m_new));
+    for (index_t j = n / width * width; j < n; ++j) {
       row[j] = std::max(std::exp(std::max(row[j] - m_new, flush_below)) - flush_weight, T(0));  // NaN stays first
       total += row[j];
     }
     return total;
+  }
+
+  /// to_weights over the whole packets of row[0 .. n) only; returns the weights' lane-wise sum.
+  static packet packets_to_weights(T* row, index_t n, T m_new) {
+    namespace in = Eigen::internal;
+    const packet_weights weight(in::pset1<packet>(m_new));
+    packet sum = in::pset1<packet>(T(0));
+    for (index_t j = 0; j + width <= n; j += width) {
+      const packet w = weight(in::ploadu<packet>(row + j));
+      in::pstoreu(row + j, w);
+      sum = in::padd(sum, w);
+    }
+    return sum;
   }
 
   /// alpha = exp(shift) for shift = m_old - m_new <= 0: 1 without an exp when the max did not move,
@@ -145,24 +155,20 @@ struct online_softmax {
     return op(d, _mm512_permute_ps(d, 0xB1));
   }
 
-  /// step for up to 4 rows of whole packets (float, AVX-512; a decode tile of one row per query head
-  /// of GQA 32/8): each row's packet max and packet sum built as step_by_row builds them, the 4
-  /// horizontal reductions of each done together (reduce_4) instead of one per row: the same weights
-  /// and maxima as step_by_row (l within an ulp: the compiler may fuse alpha l + sum in either). A row
-  /// whose max or running max is not finite (nothing visible in the block, +inf, NaN) sends the whole
-  /// step to step_by_row before anything is written. Measured on one core of a Zen 5 VM: the softmax of
-  /// a tile of 8 kv heads x 4 rows x 32 keys 0.79x the time of step_by_row; a 1-row GQA 32/8 decode
-  /// step (both ways in turns in one process, Lk = 1024 to 32768) 0.97-0.98x with an f16 cache, where
-  /// the step's arithmetic is what keeps it from the memory's rate, 0.99-1.01x with f32.
+  /// step for up to 4 rows of whole packets (float, AVX-512; a decode tile of one row per query head of GQA 32/8):
+  /// each row's packet max and packet sum built as step_by_row builds them (packet_max, packets_to_weights), the 4
+  /// horizontal reductions of each done together (reduce_4) instead of one per row: the same weights and maxima as
+  /// step_by_row (l within an ulp: the compiler may fuse alpha l + sum in either). A row whose max or running max
+  /// is not finite (nothing visible in the block, +inf, NaN) sends the whole step to step_by_row before anything is
+  /// written. Measured on one core of a Zen 5 VM: the softmax of a tile of 8 kv heads x 4 rows x 32 keys 0.79x the
+  /// time of step_by_row; a 1-row GQA 32/8 decode step (both ways in turns in one process, Lk = 1024 to 32768)
+  /// 0.97-0.98x with an f16 cache, where the step's arithmetic is what keeps it from the memory's rate, 0.99-1.01x
+  /// with f32.
   bool step_rows4(matrix_map<T> s) {
     const index_t rows = s.rows(), n = s.cols(), ld = s.outerStride();
     const auto row = [&](index_t r) { return s.data() + r * ld; };
     __m512 part[4];  // rows past the last repeat row 0; their lanes are not read
-    for (index_t r = 0; r < 4; ++r) {
-      const float* x = row(r < rows ? r : 0);
-      part[r] = _mm512_loadu_ps(x);
-      for (index_t j = width; j < n; j += width) part[r] = _mm512_max_ps(part[r], _mm512_loadu_ps(x + j));
-    }
+    for (index_t r = 0; r < 4; ++r) part[r] = packet_max(row(r < rows ? r : 0), n);
     alignas(64) float lanes[16];
     _mm512_store_ps(lanes, reduce_4(part, [](__m512 a, __m512 b) { return _mm512_max_ps(a, b); }));
     float m_new[4];
@@ -171,18 +177,7 @@ struct online_softmax {
       if (!(std::abs(row_max) < std::numeric_limits<float>::infinity()) || std::isnan(m(r))) return step_by_row(s);
       m_new[r] = std::max(m(r), row_max);
     }
-    namespace in = Eigen::internal;
-    for (index_t r = 0; r < 4; ++r) {
-      part[r] = _mm512_setzero_ps();
-      if (r >= rows) continue;
-      float* x = row(r);
-      const packet_weights weight(in::pset1<packet>(m_new[r]));
-      for (index_t j = 0; j < n; j += width) {
-        const packet w = weight(in::ploadu<packet>(x + j));
-        in::pstoreu(x + j, w);
-        part[r] = in::padd(part[r], w);
-      }
-    }
+    for (index_t r = 0; r < 4; ++r) part[r] = r < rows ? packets_to_weights(row(r), n, m_new[r]) : _mm512_setzero_ps();
     _mm512_store_ps(lanes, reduce_4(part, [](__m512 a, __m512 b) { return _mm512_add_ps(a, b); }));
     bool rescale = false;
     for (index_t r = 0; r < rows; ++r) {
