@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -456,6 +457,59 @@ void decode_threads(benchmark::State& state) {
   state.counters["at_read"] = median_over(sec, [&](const auto& s) { return s[0] / (s[5] * kv / rb); });
 }
 
+/// Bytes of K/V a decode loop spreads over its layers' caches (BM_decode_layers): far beyond a
+/// last-level cache (32 MiB on the Zen 5 VM), so that no call finds its cache there.
+constexpr double decode_loop_bytes = 256.0 * (1 << 20);
+
+/// Seconds of one token of a decode loop: a `rows`-row step (decode_step) against each layer's cache in
+/// turn, as a host runs its layers.
+template <class KV>
+std::function<double()> timed_loop(std::vector<decode_operands<KV>>& layers, Index rows, Eigen::ThreadPool* pool) {
+  return [&layers, rows, pool] {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (auto& x : layers) decode_step(x.q, rows, x.k, x.v, x.out, pool);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+}
+
+// The decode step as a host's decode loop runs it: every layer has its own cache (Lk tokens, GQA 32/8,
+// d = 128), and a token calls the step against each layer in turn, so each call reads a cache that the
+// other layers' calls pushed out of the last-level cache, and the pool's threads come from the previous
+// call rather than from a benchmark's idle spell (BM_decode calls one cache again and again, half of
+// it still in L3 at Lk = 4096; BM_decode_threads and BM_decode_limits evict it with a triad's writes,
+// single-thread runs in between). As many layers as make decode_loop_bytes (at least 2). Each
+// iteration runs, in turns (run_turns), the loop with 1 row on 1 and on 2 threads, with 4 rows on 1
+// and on 2 threads, and a triad moving the loop's bytes on 1 and on 2 threads. The reported time is a
+// token's (all layers) with 1 row on 1 thread. Counters, medians of the per-iteration ratios:
+//   two_over_one      time(1 row, 1 thread) / time(1 row, 2 threads)
+//   four_over_one     time(4 rows) / time(1 row), on 1 thread; four_over_one_2t the same on 2
+//   one_of_triad, two_of_triad  the 1-row loop's rate against the triad's on as many threads
+//   triad_two_over_one  what the second core adds to the triad
+template <class KV>
+void decode_layers(benchmark::State& state) {
+  const Index Lk = state.range(0);
+  using ops = decode_operands<KV>;
+  const double layer_bytes = 2.0 * static_cast<double>(Lk * ops::Hkv * ops::d * static_cast<Index>(sizeof(KV)));
+  const auto n = static_cast<std::size_t>(std::max(2.0, std::ceil(decode_loop_bytes / layer_bytes)));
+  std::vector<ops> layers;
+  layers.reserve(n);
+  for (std::size_t l = 0; l < n; ++l) layers.emplace_back(4, Lk);
+  const auto pool = make_pool(2);
+  const double kv = layer_bytes * static_cast<double>(n);
+  triad_arrays triad(static_cast<std::size_t>(kv));
+  const auto sec = run_turns(
+      state, {timed_loop(layers, 1, nullptr), timed_loop(layers, 1, pool.get()), timed_loop(layers, 4, nullptr),
+              timed_loop(layers, 4, pool.get()), [&] { return run_parts(nullptr, std::ref(triad)); },
+              [&] { return run_parts(pool.get(), std::ref(triad)); }});
+  state.counters["layers"] = static_cast<double>(n);
+  state.counters["two_over_one"] = median_over(sec, [](const auto& s) { return s[0] / s[1]; });
+  state.counters["four_over_one"] = median_over(sec, [](const auto& s) { return s[2] / s[0]; });
+  state.counters["four_over_one_2t"] = median_over(sec, [](const auto& s) { return s[3] / s[1]; });
+  state.counters["one_of_triad"] = median_over(sec, [&](const auto& s) { return triad.seconds_for(kv, s[4]) / s[0]; });
+  state.counters["two_of_triad"] = median_over(sec, [&](const auto& s) { return triad.seconds_for(kv, s[5]) / s[1]; });
+  state.counters["triad_two_over_one"] = median_over(sec, [](const auto& s) { return s[4] / s[5]; });
+}
+
 // Runs f(head) for the 8 heads, on `threads` threads (heads split evenly, no pool overhead inside).
 template <class F>
 void for_heads(Eigen::ThreadPool* pool, F&& f) {
@@ -619,6 +673,8 @@ void register_decode(const char* kv) {
   paired("BM_decode_limits/kv:f32", decode_limits<float>, {{4096, 32768}, {1, 2}}, {"Lk", "threads"});
   paired("BM_decode_threads/kv:f32", decode_threads<float>, {{1}, {4096, 32768}}, {"rows", "Lk"});
   paired("BM_decode_threads/kv:f16", decode_threads<Eigen::half>, {{1}, {4096, 32768}}, {"rows", "Lk"});
+  paired("BM_decode_layers/kv:f32", decode_layers<float>, {{4096, 32768}}, {"Lk"});
+  paired("BM_decode_layers/kv:f16", decode_layers<Eigen::half>, {{4096, 32768}}, {"Lk"});
   paired("BM_decode_padding/kv:f32", decode_padding<float>, {{1, 4}, {4096, 32768}, {1}, {64}},
          {"rows", "Lk", "threads", "pad_bytes"});
   paired("BM_decode_padding/kv:f16", decode_padding<Eigen::half>, {{1, 4}, {4096, 32768}, {1}, {64}},
