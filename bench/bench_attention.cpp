@@ -488,12 +488,11 @@ std::function<double()> timed_loop(std::vector<decode_operands<KV>>& layers, Ind
 template <class KV>
 void decode_layers(benchmark::State& state) {
   const Index Lk = state.range(0);
-  using ops = decode_operands<KV>;
-  const double layer_bytes = 2.0 * static_cast<double>(Lk * ops::Hkv * ops::d * static_cast<Index>(sizeof(KV)));
+  std::vector<decode_operands<KV>> layers;
+  layers.emplace_back(4, Lk);
+  const double layer_bytes = layers.front().kv_bytes();
   const auto n = static_cast<std::size_t>(std::max(2.0, std::ceil(decode_loop_bytes / layer_bytes)));
-  std::vector<ops> layers;
-  layers.reserve(n);
-  for (std::size_t l = 0; l < n; ++l) layers.emplace_back(4, Lk);
+  while (layers.size() < n) layers.emplace_back(4, Lk);
   const auto pool = make_pool(2);
   const double kv = layer_bytes * static_cast<double>(n);
   triad_arrays triad(static_cast<std::size_t>(kv));
