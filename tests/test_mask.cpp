@@ -3,26 +3,24 @@
 // softmax: the kernel against the double reference attention (posenc/reference.hpp), which applies
 // each option by its plain per-element formula (FORMAT.md 5.11), in float and double, with 1 and 2
 // threads, GQA, awkward sizes and tiles, with and without an encoding.
-#include <catch2/catch.hpp>
-
-#include <posenc/alibi.hpp>
-#include <posenc/attention.hpp>
-#include <posenc/detail/online_softmax.hpp>
-#include <posenc/reference.hpp>
-
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <posenc/alibi.hpp>
+#include <posenc/attention.hpp>
+#include <posenc/detail/attention_schedule.hpp>
+#include <posenc/detail/online_softmax.hpp>
+#include <posenc/reference.hpp>
 #include <random>
 #include <string>
+#include <unsupported/Eigen/CXX11/ThreadPool>
 #include <utility>
 #include <vector>
-
-#include <unsupported/Eigen/CXX11/ThreadPool>
 
 using Index = posenc::index_t;
 
@@ -715,4 +713,95 @@ TEST_CASE("decoder options: invalid values throw posenc::error before anything i
     both({.attention_mask = posenc::tensor_map<const std::int64_t, 2>(am.data(), B, S - 1)},
          "attention_mask: must be [batch, k_len]");
   }
+}
+
+// resolve_masks and summarize_key_blocks fill each array and each block summary by their own
+// vectorizable loops; here against the per-key formulas (FORMAT.md 3: a key is padding when
+// key_padding_mask != 0, attention_mask == 0 or j >= kv_lengths[b]), over lengths around the vector
+// widths and blocks, every option alone and together, and positions ascending with gaps and repeats,
+// shuffled, or descending.
+TEST_CASE("resolve_masks and summarize_key_blocks: every key and block against the per-key formulas", "[kernel]") {
+  std::mt19937 rng(11);
+  enum class order { offset, gaps, shuffled, descending };
+  for (const Index B : {1, 3})
+    for (const Index Sk : {0, 1, 7, 31, 32, 33, 64, 100, 1000})
+      for (const order ord : {order::offset, order::gaps, order::shuffled, order::descending})
+        for (int opts = 0; opts < 8; ++opts) {
+          const Index Sq = Sk % 5 + 1;
+          INFO("B = " << B << ", Sk = " << Sk << ", order " << static_cast<int>(ord) << ", options " << opts);
+          std::vector<std::int64_t> qp(static_cast<std::size_t>(B * Sq)), kp(static_cast<std::size_t>(B * Sk));
+          std::vector<std::int64_t> kpm(kp.size()), am(kp.size()), lengths(static_cast<std::size_t>(B));
+          std::uniform_int_distribution<int> coin(0, 3);
+          for (Index b = 0; b < B; ++b) {
+            std::int64_t p = -5 + 1000 * b;
+            for (Index j = 0; j < Sk; ++j) {
+              p += ord == order::gaps ? coin(rng) : 1;  // gaps of 0 (repeated positions) to 3
+              kp[static_cast<std::size_t>(b * Sk + j)] = ord == order::descending ? -p : p;
+            }
+            if (ord == order::shuffled) std::shuffle(kp.begin() + b * Sk, kp.begin() + (b + 1) * Sk, rng);
+            for (Index i = 0; i < Sq; ++i) qp[static_cast<std::size_t>(b * Sq + i)] = 7 * i - 3 * b;
+            lengths[static_cast<std::size_t>(b)] = Sk == 0 ? 0 : std::uniform_int_distribution<Index>(0, Sk)(rng);
+          }
+          for (auto& x : kpm) x = coin(rng) == 0 ? 2 : 0;
+          for (auto& x : am) x = coin(rng) == 0 ? 0 : 1;
+          posenc::attention_options opt;
+          opt.q_offset = 40;
+          if (ord != order::offset) {
+            opt.q_positions = posenc::positions_view(qp.data(), B, Sq);
+            opt.k_positions = posenc::positions_view(kp.data(), B, Sk);
+          }
+          if ((opts & 1) != 0) opt.key_padding_mask = posenc::tensor_map<const std::int64_t, 2>(kpm.data(), B, Sk);
+          if ((opts & 2) != 0) opt.attention_mask = posenc::tensor_map<const std::int64_t, 2>(am.data(), B, Sk);
+          if ((opts & 4) != 0) opt.kv_lengths = lengths;
+          const auto m = posenc::detail::resolve_masks(opt, B, Sq, Sk);
+          REQUIRE(m.q_pos.size() == qp.size());
+          REQUIRE(m.k_pos.size() == kp.size());
+          REQUIRE(m.k_valid.size() == kp.size());
+          std::int64_t q_lo = 0, q_hi = -1, k_lo = 0, k_hi = -1;
+          for (Index b = 0; b < B; ++b) {
+            for (Index i = 0; i < Sq; ++i) {
+              const auto at = static_cast<std::size_t>(b * Sq + i);
+              const std::int64_t want = ord != order::offset ? qp[at] : 40 + i;
+              CHECK(m.q_pos[at] == want);
+              q_lo = b + i == 0 ? want : std::min(q_lo, want);
+              q_hi = b + i == 0 ? want : std::max(q_hi, want);
+            }
+            for (Index j = 0; j < Sk; ++j) {
+              const auto at = static_cast<std::size_t>(b * Sk + j);
+              const std::int64_t want = ord != order::offset ? kp[at] : j;
+              CHECK(m.k_pos[at] == want);
+              k_lo = b + j == 0 ? want : std::min(k_lo, want);
+              k_hi = b + j == 0 ? want : std::max(k_hi, want);
+              const bool padding = ((opts & 1) != 0 && kpm[at] != 0) || ((opts & 2) != 0 && am[at] == 0) ||
+                                   ((opts & 4) != 0 && j >= lengths[static_cast<std::size_t>(b)]);
+              CHECK(m.k_valid[at] == (padding ? 0 : 1));
+            }
+          }
+          CHECK(m.q_min == q_lo);
+          CHECK(m.q_max == q_hi);
+          CHECK(m.k_min == k_lo);
+          CHECK(m.k_max == k_hi);
+          for (const Index block : {1, 7, 32, 64}) {
+            const auto blocks = posenc::detail::summarize_key_blocks(m, block);
+            const Index nkb = (Sk + block - 1) / block;
+            REQUIRE(static_cast<Index>(blocks.size()) == B * nkb);
+            for (Index b = 0; b < B; ++b)
+              for (Index kb = 0; kb < nkb; ++kb) {
+                const auto& s = blocks[static_cast<std::size_t>(b * nkb + kb)];
+                const Index first = kb * block, cols = std::min(block, Sk - first);
+                const auto* p = kp.data() + b * Sk + first;
+                std::vector<std::int64_t> pos(static_cast<std::size_t>(cols));
+                for (Index j = 0; j < cols; ++j)
+                  pos[static_cast<std::size_t>(j)] = ord != order::offset ? p[j] : first + j;
+                Index valid = 0;
+                for (Index j = 0; j < cols; ++j) valid += m.k_valid[static_cast<std::size_t>(b * Sk + first + j)];
+                CHECK(s.first == first);
+                CHECK(s.cols == cols);
+                CHECK(s.valid == valid);
+                CHECK(s.pos_min == *std::min_element(pos.begin(), pos.end()));
+                CHECK(s.pos_max == *std::max_element(pos.begin(), pos.end()));
+                CHECK(s.ascending == std::is_sorted(pos.begin(), pos.end()));
+              }
+          }
+        }
 }

@@ -74,6 +74,26 @@ struct call_masks {
   }
 };
 
+/// The least and greatest of the n positions p into lo and hi (left as they are when n = 0), by
+/// reductions the compiler vectorizes (std::min_element / max_element compare one at a time).
+inline void position_range(const std::int64_t* p, index_t n, std::int64_t& lo, std::int64_t& hi) {
+  if (n == 0) return;
+  std::int64_t a = std::numeric_limits<std::int64_t>::max(), z = std::numeric_limits<std::int64_t>::min();
+  for (index_t j = 0; j < n; ++j) {
+    a = std::min(a, p[j]);
+    z = std::max(z, p[j]);
+  }
+  lo = a;
+  hi = z;
+}
+
+/// Whether the n positions p never decrease (branch-free, so that it vectorizes).
+[[nodiscard]] inline bool ascending_positions(const std::int64_t* p, index_t n) {
+  bool up = true;
+  for (index_t j = 1; j < n; ++j) up &= p[j - 1] <= p[j];
+  return up;
+}
+
 /// Validate the mask/position options against the shapes and resolve them (throws posenc::error).
 inline call_masks resolve_masks(const attention_options& opt, index_t batch, index_t q_len, index_t k_len) {
   if (opt.q_positions) {
@@ -113,27 +133,36 @@ inline call_masks resolve_masks(const attention_options& opt, index_t batch, ind
   m.k_len = k_len;
   m.causal = opt.causal;
   m.window = opt.sliding_window;
+  // A decode step resolves its whole cache's keys every call: each array is filled by its own
+  // branch-free loop, only for the options given (one loop testing every option per key took 46 us
+  // at k_len = 32768, 0.4 % of a 1-thread f32 step, 0.8 % of a 2-thread one, before any thread starts).
   m.q_pos.resize(static_cast<std::size_t>(batch * q_len));
   m.k_pos.resize(static_cast<std::size_t>(batch * k_len));
   m.k_valid.assign(static_cast<std::size_t>(batch * k_len), 1);
+  // the lengths as locals the stores below cannot alias (batch, q_len and k_len had their addresses
+  // taken by the checks above, so the loops reloaded them after every store and stayed scalar)
+  const index_t nq = q_len, nk = k_len;
   for (index_t b = 0; b < batch; ++b) {
-    for (index_t i = 0; i < q_len; ++i)
-      m.q_pos[b * q_len + i] = opt.q_positions ? (*opt.q_positions)(b, i) : opt.q_offset + i;
-    for (index_t j = 0; j < k_len; ++j) {
-      m.k_pos[b * k_len + j] = opt.k_positions ? (*opt.k_positions)(b, j) : j;
-      if (opt.key_padding_mask && (*opt.key_padding_mask)(b, j) != 0) m.k_valid[b * k_len + j] = 0;
-      if (opt.attention_mask && (*opt.attention_mask)(b, j) == 0) m.k_valid[b * k_len + j] = 0;
-      if (!opt.kv_lengths.empty() && j >= opt.kv_lengths[b]) m.k_valid[b * k_len + j] = 0;
-    }
+    std::int64_t* qp = m.q_pos.data() + b * nq;
+    std::int64_t* kp = m.k_pos.data() + b * nk;
+    unsigned char* kv = m.k_valid.data() + b * nk;
+    if (opt.q_positions)
+      for (index_t i = 0; i < nq; ++i) qp[i] = (*opt.q_positions)(b, i);
+    else
+      for (index_t i = 0; i < nq; ++i) qp[i] = opt.q_offset + i;
+    if (opt.k_positions)
+      for (index_t j = 0; j < nk; ++j) kp[j] = (*opt.k_positions)(b, j);
+    else
+      for (index_t j = 0; j < nk; ++j) kp[j] = j;
+    if (opt.key_padding_mask)
+      for (index_t j = 0; j < nk; ++j) kv[j] &= static_cast<unsigned char>((*opt.key_padding_mask)(b, j) == 0);
+    if (opt.attention_mask)
+      for (index_t j = 0; j < nk; ++j) kv[j] &= static_cast<unsigned char>((*opt.attention_mask)(b, j) != 0);
+    if (!opt.kv_lengths.empty())
+      std::fill(kv + opt.kv_lengths[static_cast<std::size_t>(b)], kv + nk, static_cast<unsigned char>(0));
   }
-  if (!m.q_pos.empty()) {
-    m.q_min = *std::min_element(m.q_pos.begin(), m.q_pos.end());
-    m.q_max = *std::max_element(m.q_pos.begin(), m.q_pos.end());
-  }
-  if (!m.k_pos.empty()) {
-    m.k_min = *std::min_element(m.k_pos.begin(), m.k_pos.end());
-    m.k_max = *std::max_element(m.k_pos.begin(), m.k_pos.end());
-  }
+  position_range(m.q_pos.data(), batch * q_len, m.q_min, m.q_max);
+  position_range(m.k_pos.data(), batch * k_len, m.k_min, m.k_max);
   return m;
 }
 
