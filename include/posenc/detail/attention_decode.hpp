@@ -166,6 +166,10 @@ class decode_attention {
   /// head (rows 4 KiB apart) ran at 16.7 GB/s, in address order at 27 GB/s.
   void run_segment(index_t b, index_t seg, decode_scratch<T>& sc) {
     const index_t G = rows_;
+    const index_t t0 = seg * decode_segment_keys / decode_tile_keys;
+    const index_t t1 = std::min(tiles_per_row_, (seg + 1) * decode_segment_keys / decode_tile_keys);
+    const index_t first = first_seen_tile(b, t0, t1);
+    if (first == t1) return leave_unseen(b, seg, sc);
     // the group's query positions (row g * q_len + i: query i), the same for every kv head
     sc.q_pos.resize(static_cast<std::size_t>(G));
     for (index_t g = 0; g < group_; ++g) std::copy(masks_.qp(b), masks_.qp(b) + q_len_, sc.q_pos.begin() + g * q_len_);
@@ -177,9 +181,7 @@ class decode_attention {
       std::fill(acc, acc + acc_size, T(0));
       gs.softmax.reset(column_scores() ? column_lanes() : G);  // step_columns: a row per lane
     }
-    const index_t t0 = seg * decode_segment_keys / decode_tile_keys;
-    const index_t t1 = std::min(tiles_per_row_, (seg + 1) * decode_segment_keys / decode_tile_keys);
-    for (index_t ti = first_seen_tile(b, t0, t1); ti < t1;) {
+    for (index_t ti = first; ti < t1;) {
       const index_t next = first_seen_tile(b, ti + 1, t1);
       sc.ahead = next == ti + 1 ? decode_prefetch_rows : 0;
       run_tile(b, key_tile(b, ti), sc);
@@ -196,6 +198,20 @@ class decode_attention {
         part_m_(part + r) = gs.softmax.m(r);
         part_l_(part + r) = gs.softmax.l(r);
       }
+    }
+  }
+
+  /// The parts of a segment no query sees a key of (outside a sliding window, or all padding), as a
+  /// segment's softmax state starts: m = -inf and l = 0, which merge_segments passes over without
+  /// reading the accumulator. A decode step with a window of W keys against a long cache runs every
+  /// other segment this way (preparing each segment's queries and accumulators all the same, a
+  /// step with W = 1 at Lk = 32768 took 51 us instead of 22, f32, GQA 32/8, d = 128, one core).
+  void leave_unseen(index_t b, index_t seg, const decode_scratch<T>& sc) {
+    const index_t G = rows_;
+    for (index_t hk = sc.head_first; hk < sc.head_end; ++hk) {
+      const index_t part = ((b * kv_heads_ + hk) * segments_ + seg) * G;
+      part_m_.segment(part, G).setConstant(-std::numeric_limits<T>::infinity());
+      part_l_.segment(part, G).setZero();
     }
   }
 
