@@ -289,14 +289,16 @@ struct decode_cache {
   }
 };
 
-/// One decode step of `rows` new query rows (GQA 32/8, causal, at the end of the cache).
+/// One decode step of `rows` new query rows (GQA 32/8, causal, at the end of the cache), with a sliding
+/// window of `window` keys (0 = none).
 template <class KV>
 void decode_step(const std::vector<float>& q, Index rows, const decode_cache<KV>& k, const decode_cache<KV>& v,
-                 std::vector<float>& out, Eigen::ThreadPool* pool) {
+                 std::vector<float>& out, Eigen::ThreadPool* pool, Index window = 0) {
   constexpr Index H = 32, d = 128;
   posenc::attention_options opt;
   opt.causal = true;
   opt.q_offset = k.tokens - rows;
+  opt.sliding_window = window;
   opt.pool = pool;
   posenc::attention<float>(posenc::bshd<const float>(q.data(), 1, rows, H, d), k.view(), v.view(),
                            posenc::bshd(out.data(), 1, rows, H, d), posenc::no_position{}, opt);
@@ -381,6 +383,21 @@ void decode_floor(benchmark::State& state) {
   state.counters["KV_GBps"] = kv * static_cast<double>(sec.size()) / step_seconds * 1e-9;
   state.counters["of_triad"] = median_over(sec, [&](const auto& s) { return triad.seconds_for(kv, s[1]) / s[0]; });
   state.counters["of_read"] = median_over(sec, [&](const auto& s) { return kv / s[0] / (rb / s[2]); });
+}
+
+// A sliding-window decode step (the local layers of gpt-oss, Gemma 2/3, Mistral: 1 row, GQA 32/8,
+// d = 128, window W) on a cache of Lk keys, against the same step on a cache of only the window's W
+// keys (fully causal), in back-to-back pairs on one thread: counter window_over_W, the median of
+// time(window, Lk keys) / time(causal, W keys). Both read W keys and values; what the long cache
+// adds is the per-call work that grows with Lk (positions, key validity, key-block summaries, a
+// softmax state per key segment).
+template <class KV>
+void decode_window(benchmark::State& state) {
+  const Index W = state.range(0), Lk = state.range(1);
+  decode_operands<KV> cache(1, Lk), window(1, W);
+  state.counters["window_over_W"] = bench_util::median_pair_ratio(
+      state, [&] { decode_step(window.q, 1, window.k, window.v, window.out, nullptr); },
+      [&] { decode_step(cache.q, 1, cache.k, cache.v, cache.out, nullptr, W); });
 }
 
 /// Seconds of `macs` float multiply-adds at the FMA peak (bench_util::fma_peak), split over the
@@ -674,6 +691,8 @@ void register_decode(const char* kv) {
   paired("BM_decode_threads/kv:f16", decode_threads<Eigen::half>, {{1}, {4096, 32768}}, {"rows", "Lk"});
   paired("BM_decode_layers/kv:f32", decode_layers<float>, {{4096, 32768}}, {"Lk"});
   paired("BM_decode_layers/kv:f16", decode_layers<Eigen::half>, {{4096, 32768}}, {"Lk"});
+  paired("BM_decode_window/kv:f32", decode_window<float>, {{128, 1024}, {4096, 32768}}, {"W", "Lk"});
+  paired("BM_decode_window/kv:f16", decode_window<Eigen::half>, {{128, 1024}, {4096, 32768}}, {"W", "Lk"});
   paired("BM_decode_padding/kv:f32", decode_padding<float>, {{1, 4}, {4096, 32768}, {1}, {64}},
          {"rows", "Lk", "threads", "pad_bytes"});
   paired("BM_decode_padding/kv:f16", decode_padding<Eigen::half>, {{1, 4}, {4096, 32768}, {1}, {64}},
