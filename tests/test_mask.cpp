@@ -262,6 +262,24 @@ TEST_CASE("sliding window: prefill, decode chunks, tiles and GQA against the ref
   }
 }
 
+// The decode strategy cuts the keys into segments of 1024 (detail/attention_decode.hpp); a window
+// short of a long cache leaves whole segments before it unseen, which the step passes over.
+TEST_CASE("sliding window: decode steps on 3000 keys, segments before the window unseen", "[kernel]") {
+  dcase c;
+  c.Sk = 3000;
+  c.attention_mask = true;  // the second batch row's first keys are padding
+  for (const Index Sq : {1, 3})
+    for (const Index W : {1, 100, 1100, 2100}) {
+      c.Sq = Sq;
+      c.q_offset = c.Sk - Sq;
+      c.window = W;
+      c.sinks.clear();
+      check(c);
+      c.sinks = {0.5, -1.0, 2.0, -inf};
+      check(c);
+    }
+}
+
 TEST_CASE("sliding window: packed products with panels cut by the window, 300 tokens", "[kernel]") {
   dcase c;
   c.B = 1;
