@@ -111,9 +111,10 @@ class decode_attention {
         tiles_(summarize_key_blocks(masks, decode_tile_keys)),
         tiles_per_row_(masks.k_len == 0 ? 0 : (masks.k_len + decode_tile_keys - 1) / decode_tile_keys) {
     for (index_t b = 0; b < masks.batch; ++b) {
-      const std::int64_t* p = masks.qp(b);
-      q_min_.push_back(q_len_ == 0 ? 0 : *std::min_element(p, p + q_len_));
-      q_max_.push_back(q_len_ == 0 ? 0 : *std::max_element(p, p + q_len_));
+      std::int64_t lo = 0, hi = 0;  // 0, 0 for no queries
+      position_range(masks.qp(b), q_len_, lo, hi);
+      q_min_.push_back(lo);
+      q_max_.push_back(hi);
     }
     const auto parts = static_cast<std::size_t>(masks.batch * kv_heads_ * segments_ * rows_);
     part_acc_.resize(static_cast<index_t>(parts) * vdim_);

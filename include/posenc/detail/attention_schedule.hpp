@@ -122,8 +122,9 @@ class attention_schedule {
         k_blocks_(masks.k_len == 0 ? 0 : (masks.k_len + k_block - 1) / k_block),
         key_blocks_(summarize_key_blocks(masks, k_block)) {
     for (index_t b = 0; b < masks.batch; ++b) {
-      const std::int64_t* q = masks.qp(b);
-      q_max_.push_back(masks.q_len == 0 ? std::numeric_limits<std::int64_t>::min() : *std::max_element(q, q + masks.q_len));
+      std::int64_t lo = 0, hi = std::numeric_limits<std::int64_t>::min();  // no queries: below every key
+      position_range(masks.qp(b), masks.q_len, lo, hi);
+      q_max_.push_back(hi);
     }
     if (masks.window > 0) {  // block_seen asks whether some query's window reaches a block
       q_sorted_.assign(masks.q_pos.begin(), masks.q_pos.end());
