@@ -2,7 +2,8 @@
 // resolved in posenc/detail/mask.hpp and applied by the fused kernel's schedule, tile math and online
 // softmax: the kernel against the double reference attention (posenc/reference.hpp), which applies
 // each option by its plain per-element formula (FORMAT.md 5.11), in float and double, with 1 and 2
-// threads, GQA, awkward sizes and tiles, with and without an encoding.
+// threads, GQA, awkward sizes and tiles, with and without an encoding. Also the position scans
+// (posenc/detail/position_scan.hpp) the masks and the relative encodings share.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -15,6 +16,7 @@
 #include <posenc/attention.hpp>
 #include <posenc/detail/attention_schedule.hpp>
 #include <posenc/detail/online_softmax.hpp>
+#include <posenc/detail/position_scan.hpp>
 #include <posenc/reference.hpp>
 #include <random>
 #include <string>
@@ -822,4 +824,67 @@ TEST_CASE("resolve_masks and summarize_key_blocks: every key and block against t
               }
           }
         }
+}
+
+TEST_CASE("position scans: range, ascending and consecutive against per-element definitions", "[kernel]") {
+  constexpr std::int64_t lo64 = std::numeric_limits<std::int64_t>::min(),
+                         hi64 = std::numeric_limits<std::int64_t>::max();
+  std::mt19937 rng(5);
+  for (const Index n : {0, 1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 33, 64, 100, 257})
+    for (int kind = 0; kind < 6; ++kind) {
+      INFO("n = " << n << ", kind " << kind);
+      // 0 consecutive from a start near the int64 maximum (the last step would wrap), 1 consecutive
+      // from the minimum, 2 ascending with repeats, 3 random over the whole int64 range, 4 consecutive
+      // with one step of 2, 5 consecutive with one step back
+      std::vector<std::int64_t> p(static_cast<std::size_t>(n));
+      std::uniform_int_distribution<std::int64_t> any(lo64, hi64);
+      std::uniform_int_distribution<int> step(0, 2);
+      const auto at = [&](Index j) -> std::int64_t& { return p[static_cast<std::size_t>(j)]; };
+      for (Index j = 0; j < n; ++j) {
+        switch (kind) {
+          case 0:
+            at(j) = hi64 - n + 1 + j;
+            break;
+          case 1:
+            at(j) = lo64 + j;
+            break;
+          case 2:
+            at(j) = j == 0 ? -3 : at(j - 1) + step(rng);
+            break;
+          case 3:
+            at(j) = any(rng);
+            break;
+          default:
+            at(j) = 1000 + j;
+            break;
+        }
+      }
+      if (kind == 4 && n > 2) at(n / 2) += 1;
+      if (kind == 5 && n > 2) at(n - 1) = at(n - 2) - 1;
+      std::int64_t lo = 42, hi = -42;
+      posenc::detail::position_range(p.data(), n, lo, hi);
+      if (n == 0) {
+        CHECK(lo == 42);  // left as they were
+        CHECK(hi == -42);
+      } else {
+        std::int64_t want_lo = hi64, want_hi = lo64;
+        for (const std::int64_t x : p) {
+          if (x < want_lo) want_lo = x;
+          if (x > want_hi) want_hi = x;
+        }
+        CHECK(lo == want_lo);
+        CHECK(hi == want_hi);
+      }
+      bool up = true, next = true;
+      for (Index j = 1; j < n; ++j) {
+        up = up && at(j - 1) <= at(j);
+        next = next && at(j - 1) < hi64 && at(j) == at(j - 1) + 1;
+      }
+      CHECK(posenc::detail::ascending_positions(p.data(), n) == up);
+      CHECK(posenc::detail::consecutive_positions(p.data(), n) == next);
+    }
+  // a run ending at the int64 maximum is consecutive; one that would step past it is not
+  const std::array<std::int64_t, 3> top{hi64 - 2, hi64 - 1, hi64}, wrap{hi64 - 1, hi64, lo64};
+  CHECK(posenc::detail::consecutive_positions(top.data(), 3));
+  CHECK_FALSE(posenc::detail::consecutive_positions(wrap.data(), 3));
 }

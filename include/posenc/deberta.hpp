@@ -46,6 +46,7 @@
 
 #include "posenc/attention.hpp"
 #include "posenc/detail/buckets.hpp"
+#include "posenc/detail/position_scan.hpp"
 #include "posenc/detail/relative.hpp"
 #include "posenc/detail/tile_gemm.hpp"
 #include "posenc/encoding.hpp"
@@ -237,12 +238,14 @@ class deberta_disentangled {
     void add_score_terms(const tile<T>& t, T scale, matrix_map<T> s) const {
       if (t.rows == 0 || t.cols == 0) return;
       const bool contiguous = contiguous_keys(t);
-      const auto [kmin, kmax] = std::minmax_element(t.k_pos, t.k_pos + t.cols);
+      std::int64_t kmin = 0, kmax = 0;
+      detail::position_range(t.k_pos, t.cols, kmin, kmax);
       if (parent_->config_.c2p) {
         for (index_t i0 = 0; i0 < t.rows; i0 += chunk<T>()) {
           const index_t n = std::min(chunk<T>(), t.rows - i0);
-          const auto [qmin, qmax] = std::minmax_element(t.q_pos + i0, t.q_pos + i0 + n);
-          const detail::bucket_range range{row_of(*qmin, *kmax), row_of(*qmax, *kmin)};
+          std::int64_t qmin = 0, qmax = 0;
+          detail::position_range(t.q_pos + i0, n, qmin, qmax);
+          const detail::bucket_range range{row_of(qmin, kmax), row_of(qmax, kmin)};
           matrix_map<T> sc(s.data() + i0 * s.outerStride(), n, t.cols, Eigen::OuterStride<>(s.outerStride()));
           const auto q = t.q.middleRows(i0, n);
           const const_matrix_map<T> kr = parent_->position_keys<T>(t.head);
@@ -255,11 +258,13 @@ class deberta_disentangled {
         }
       }
       if (parent_->config_.p2c) {
-        const auto [qmin, qmax] = std::minmax_element(t.q_pos, t.q_pos + t.rows);
+        std::int64_t qmin = 0, qmax = 0;
+        detail::position_range(t.q_pos, t.rows, qmin, qmax);
         for (index_t j0 = 0; j0 < t.cols; j0 += chunk<T>()) {
           const index_t n = std::min(chunk<T>(), t.cols - j0);
-          const auto [cmin, cmax] = std::minmax_element(t.k_pos + j0, t.k_pos + j0 + n);
-          const detail::bucket_range range{row_of(*qmin, *cmax), row_of(*qmax, *cmin)};
+          std::int64_t cmin = 0, cmax = 0;
+          detail::position_range(t.k_pos + j0, n, cmin, cmax);
+          const detail::bucket_range range{row_of(qmin, cmax), row_of(qmax, cmin)};
           matrix_map<T> sc(s.data() + j0, t.rows, n, Eigen::OuterStride<>(s.outerStride()));
           const auto k = t.k.middleRows(j0, n);
           const const_matrix_map<T> qr = parent_->position_queries<T>(t.head);

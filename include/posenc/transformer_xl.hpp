@@ -52,6 +52,7 @@
 
 #include <Eigen/Core>
 
+#include "posenc/detail/position_scan.hpp"
 #include "posenc/detail/relative.hpp"
 #include "posenc/detail/sinusoid.hpp"
 #include "posenc/detail/table.hpp"
@@ -204,12 +205,13 @@ class transformer_xl {
       const Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, 1>> u(u_vec<T>().data() + t.head * d_, d_);
       uk.noalias() = t.k * (scale * u);
       const bool contiguous = detail::consecutive_positions(t.k_pos, t.cols);
-      const auto [kmin, kmax] = std::minmax_element(t.k_pos, t.k_pos + t.cols);
+      std::int64_t kmin = 0, kmax = 0;
+      detail::position_range(t.k_pos, t.cols, kmin, kmax);
       // Rows in chunks: a chunk of r rows needs cols + r - 1 distances (contiguous positions), so the
       // (q+v).r product costs about (1 + (r - 1 + 2 a_panel) / cols) of the chunk's q.k product
       // whatever the tile's shape (one product over all rows would cost (rows + cols - 1) / cols).
       for (index_t i0 = 0; i0 < t.rows; i0 += rows_per_product)
-        add_rows(t, i0, std::min(rows_per_product, t.rows - i0), *kmin, *kmax, contiguous, scale, s, sc);
+        add_rows(t, i0, std::min(rows_per_product, t.rows - i0), kmin, kmax, contiguous, scale, s, sc);
     }
 
     /// Rows per (q+v).r product. Measured (clang -O3, AVX-512, float, hook time / Eigen's Q K^T of
@@ -227,10 +229,11 @@ class transformer_xl {
                   T scale, matrix_map<T> s, detail::transformer_xl_scratch<T>& sc) const {
       constexpr T neg_inf = -std::numeric_limits<T>::infinity();
       const std::int64_t* q_pos = t.q_pos + i0;
-      const auto [qmin, qmax] = std::minmax_element(q_pos, q_pos + rows);
+      std::int64_t qmin = 0, qmax = 0;
+      detail::position_range(q_pos, rows, qmin, qmax);
       // The distances a visible pair of these rows can have, clamped (bind checked these differences fit).
-      const std::int64_t lo = std::max<std::int64_t>(*qmin - kmax, 0);
-      std::int64_t hi = *qmax - kmin;
+      const std::int64_t lo = std::max<std::int64_t>(qmin - kmax, 0);
+      std::int64_t hi = qmax - kmin;
       if (same_length_) hi = std::min(hi, mem_len_ - 1);
       if (n_ == 0 || hi < lo) {  // no pair of these rows is visible
         for (index_t i = 0; i < rows; ++i) s.row(i0 + i).setConstant(neg_inf);

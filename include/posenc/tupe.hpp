@@ -45,6 +45,7 @@
 
 #include "posenc/detail/bucket_bias.hpp"
 #include "posenc/detail/buckets.hpp"
+#include "posenc/detail/position_scan.hpp"
 #include "posenc/detail/relative.hpp"
 #include "posenc/detail/table.hpp"
 #include "posenc/encoding.hpp"

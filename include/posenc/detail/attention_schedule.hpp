@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "posenc/detail/mask.hpp"
+#include "posenc/detail/position_scan.hpp"
 #include "posenc/tensor.hpp"
 
 namespace posenc::detail {
@@ -193,9 +194,7 @@ class attention_schedule {
       u.q0 = unit % q_blocks_ * q_block_;
       u.rows = std::min(q_block_, masks_.q_len - u.q0);
       u.q_pos = masks_.qp(w.b) + u.q0;
-      const auto [lo, hi] = std::minmax_element(u.q_pos, u.q_pos + u.rows);
-      u.q_min = *lo;
-      u.q_max = *hi;
+      position_range(u.q_pos, u.rows, u.q_min, u.q_max);
       u.packed = packed_products(u.rows, group_);
     }
     return w;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "posenc/detail/platform.hpp"
+#include "posenc/detail/position_scan.hpp"
 #include "posenc/encoding.hpp"
 #include "posenc/options.hpp"
 
@@ -73,26 +74,6 @@ struct call_masks {
     return c;
   }
 };
-
-/// The least and greatest of the n positions p into lo and hi (left as they are when n = 0), by
-/// reductions the compiler vectorizes (std::min_element / max_element compare one at a time).
-inline void position_range(const std::int64_t* p, index_t n, std::int64_t& lo, std::int64_t& hi) {
-  if (n == 0) return;
-  std::int64_t a = std::numeric_limits<std::int64_t>::max(), z = std::numeric_limits<std::int64_t>::min();
-  for (index_t j = 0; j < n; ++j) {
-    a = std::min(a, p[j]);
-    z = std::max(z, p[j]);
-  }
-  lo = a;
-  hi = z;
-}
-
-/// Whether the n positions p never decrease (branch-free, so that it vectorizes).
-[[nodiscard]] inline bool ascending_positions(const std::int64_t* p, index_t n) {
-  bool up = true;
-  for (index_t j = 1; j < n; ++j) up &= p[j - 1] <= p[j];
-  return up;
-}
 
 /// Validate the mask/position options against the shapes and resolve them (throws posenc::error).
 inline call_masks resolve_masks(const attention_options& opt, index_t batch, index_t q_len, index_t k_len) {

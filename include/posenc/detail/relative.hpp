@@ -27,6 +27,7 @@
 #include <Eigen/Core>
 
 #include "posenc/detail/platform.hpp"
+#include "posenc/detail/position_scan.hpp"
 #include "posenc/encoding.hpp"
 
 namespace posenc::detail {
@@ -70,11 +71,12 @@ struct distance_range {
                                                          const std::int64_t* k_pos, index_t cols,
                                                          std::int64_t max_distance) {
   if (rows == 0 || cols == 0) return {};
-  const auto [qmin, qmax] = std::minmax_element(q_pos, q_pos + rows);
-  const auto [kmin, kmax] = std::minmax_element(k_pos, k_pos + cols);
+  std::int64_t qmin = 0, qmax = 0, kmin = 0, kmax = 0;
+  position_range(q_pos, rows, qmin, qmax);
+  position_range(k_pos, cols, kmin, kmax);
   auto clip = [&](std::int64_t r) { return std::clamp(r, -max_distance, max_distance) + max_distance; };
-  return {static_cast<index_t>(clip(relative_distance(*qmax, *kmin))),
-          static_cast<index_t>(clip(relative_distance(*qmin, *kmax)))};
+  return {static_cast<index_t>(clip(relative_distance(qmax, kmin))),
+          static_cast<index_t>(clip(relative_distance(qmin, kmax)))};
 }
 
 /// Clipped relative bucket of one pair (same formula as clipped_relative_range).
@@ -108,13 +110,6 @@ template <class T>
   thread_local std::vector<T> buffer;
   if (static_cast<index_t>(buffer.size()) < n) buffer.resize(static_cast<std::size_t>(n));
   return buffer.data();
-}
-
-/// Whether positions are p[0], p[0] + 1, ... (the usual key block: no packing, no padding holes).
-[[nodiscard]] inline bool consecutive_positions(const std::int64_t* p, index_t n) {
-  bool ok = true;
-  for (index_t j = 1; j < n; ++j) ok &= p[j - 1] != INT64_MAX && p[j] == p[j - 1] + 1;
-  return ok;
 }
 
 /// One query row against consecutive keys k_first, k_first + 1, ..., k_first + cols - 1 under
