@@ -464,6 +464,137 @@ TEST_CASE("hf_config: attention of Llama-3.1-8B (no window) and Qwen2 (use_slidi
                     Catch::Contains("attn_logit_softcapping"));
 }
 
+TEST_CASE("hf_config: head counts of Falcon (multi_query), BLOOM-176B (n_embed) and T5 (num_heads, d_kv)",
+          "[io][hf_config]") {
+  // FalconAttention: num_kv_heads = config.num_kv_heads if new_decoder_architecture or not multi_query,
+  // else 1; FalconConfig defaults multi_query to true and num_kv_heads to the head count.
+  const auto f7 = posenc::io::attention_config_from_hf(config("falcon-7b"));
+  CHECK(f7.num_attention_heads == 71);
+  CHECK(f7.num_key_value_heads == 1);
+  CHECK(f7.head_dim == 64);
+  json f = config("falcon-7b");
+  f.erase("multi_query");
+  CHECK(posenc::io::attention_config_from_hf(f).num_key_value_heads == 1);
+  f["multi_query"] = false;
+  CHECK(posenc::io::attention_config_from_hf(f).num_key_value_heads == 71);
+  // Falcon-40B: the new decoder architecture with 8 kv heads (multi_query is then not read).
+  const json f40 = json::parse(R"({"model_type": "falcon", "hidden_size": 8192, "num_attention_heads": 128,
+    "num_kv_heads": 8, "new_decoder_architecture": true, "multi_query": true, "num_hidden_layers": 60})");
+  CHECK(posenc::io::attention_config_from_hf(f40).num_key_value_heads == 8);
+  CHECK(posenc::io::attention_config_from_hf(config("falcon-rw-1b")).num_key_value_heads == 32);
+
+  // BLOOM-176B writes n_embed (BloomConfig pops it into hidden_size): 14336 / 112 = 128.
+  const json b = json::parse(R"({"model_type": "bloom", "n_embed": 14336, "n_head": 112, "n_layer": 70})");
+  const auto ba = posenc::io::attention_config_from_hf(b);
+  CHECK(ba.num_attention_heads == 112);
+  CHECK(ba.head_dim == 128);
+  CHECK(ba.num_hidden_layers == 70);
+
+  // T5Config's attribute_map: num_attention_heads -> num_heads, head_dim is d_kv, num_hidden_layers -> num_layers.
+  const auto t = posenc::io::attention_config_from_hf(config("t5-small"));
+  CHECK(t.num_attention_heads == 8);
+  CHECK(t.num_key_value_heads == 8);
+  CHECK(t.head_dim == 64);
+  CHECK(t.value_head_dim == 64);
+  CHECK(t.num_hidden_layers == 6);
+}
+
+TEST_CASE("hf_config: DeepSeek-V3 (MLA head sizes, mscale^2 logit scale, interleaved rope part)", "[io][hf_config]") {
+  // deepseek-ai/DeepSeek-V3's attention keys; transformers' DeepseekV3Config writes head_dim = qk_rope_head_dim.
+  json d = json::parse(R"({"model_type": "deepseek_v3", "hidden_size": 7168, "num_attention_heads": 128,
+    "num_key_value_heads": 128, "num_hidden_layers": 61, "q_lora_rank": 1536, "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "head_dim": 64,
+    "max_position_embeddings": 163840, "rope_theta": 10000,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                     "original_max_position_embeddings": 4096, "type": "yarn"}})");
+  const auto a = posenc::io::attention_config_from_hf(d);
+  CHECK(a.head_dim == 192);
+  CHECK(a.value_head_dim == 128);
+  // DeepseekV3Attention: scaling = 192^-0.5 * yarn_get_mscale(40, 1.0)^2, yarn_get_mscale = 0.1 ln(40) + 1.
+  const double m = 0.1 * std::log(40.0) + 1.0;
+  REQUIRE(a.scale());
+  CHECK(std::abs(*a.scale() - m * m / std::sqrt(192.0)) <= 1e-15);
+  CHECK(std::abs(*a.options(0).scale - m * m / std::sqrt(192.0)) <= 1e-15);
+
+  // The rotary part: 64 dims in adjacent pairs (apply_rotary_pos_emb_interleave), mscale / mscale_all_dim = 1.
+  const posenc::rope_config rc = posenc::io::rope_config_from_hf(d);
+  CHECK(rc.head_dim == 64);
+  CHECK(rc.layout == posenc::rope_layout::interleaved);
+  CHECK(posenc::rope(rc).attention_factor() == 1.0);
+  d["rope_interleave"] = false;
+  CHECK(posenc::io::rope_config_from_hf(d).layout == posenc::rope_layout::half);
+  d["model_type"] = "deepseek_v2";  // DeepSeek-V2 rotates complex pairs of adjacent dims, always
+  CHECK(posenc::io::rope_config_from_hf(d).layout == posenc::rope_layout::interleaved);
+
+  // Without mscale_all_dim (or without scaling) the scale is the kernel's default, 192^-1/2.
+  d["rope_scaling"].erase("mscale_all_dim");
+  CHECK_FALSE(posenc::io::attention_config_from_hf(d).scale());
+  d["rope_scaling"] = nullptr;
+  CHECK_FALSE(posenc::io::attention_config_from_hf(d).scale());
+  d.erase("qk_nope_head_dim");
+  CHECK_THROWS_WITH(posenc::io::attention_config_from_hf(d), Catch::Contains("qk_nope_head_dim"));
+}
+
+TEST_CASE("hf_config: Gemma 3's sliding layers rotate with rope_local_base_freq, unscaled", "[io][hf_config]") {
+  // google/gemma-3-4b-it (transformers 4.5x): global RoPE theta 1e6 with linear 8, local theta 1e4
+  // without scaling (Gemma3TextModel.rotary_emb_local); layers 5, 11, ... are the full ones.
+  json g = json::parse(R"({
+    "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+    "text_config": {"head_dim": 256, "hidden_size": 2560, "model_type": "gemma3_text", "num_attention_heads": 8,
+                    "num_hidden_layers": 34, "num_key_value_heads": 4, "query_pre_attn_scalar": 256,
+                    "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "max_position_embeddings": 131072,
+                    "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024,
+                    "sliding_window_pattern": 6}})");
+  auto global = plain_inv_freq(1e6, 256);
+  for (auto& f : global) f /= 8.0;
+  const auto local = plain_inv_freq(1e4, 256);
+  const auto full = posenc::io::rope_config_from_hf(g);
+  check_close(posenc::rope(full).inv_freq(), global);
+  for (posenc::index_t l : {0, 4, 5, 6, 11, 33}) {
+    INFO("layer " << l);
+    const posenc::rope r(posenc::io::rope_config_from_hf(g, l));
+    check_close(r.inv_freq(), (l + 1) % 6 == 0 ? global : local);
+  }
+  const auto enc = posenc::io::encoding_from_hf(g);  // the family from text_config
+  CHECK(enc.family == "rope");
+  check_close(posenc::rope(std::get<posenc::rope_config>(enc.config)).inv_freq(), global);
+
+  // transformers v5 writes rope_parameters keyed by layer type.
+  json v5 = g;
+  auto& t = v5["text_config"];
+  t.erase("rope_scaling");
+  t.erase("rope_theta");
+  t.erase("rope_local_base_freq");
+  t["rope_parameters"] =
+      json::parse(R"({"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})");
+  check_close(posenc::rope(posenc::io::rope_config_from_hf(v5)).inv_freq(), global);
+  check_close(posenc::rope(posenc::io::rope_config_from_hf(v5, 0)).inv_freq(), local);
+  check_close(posenc::rope(posenc::io::rope_config_from_hf(v5, 5)).inv_freq(), global);
+  t["rope_parameters"].erase("sliding_attention");
+  CHECK_THROWS_WITH(
+      posenc::io::rope_config_from_hf(v5, 0),
+      Catch::Contains(
+          "rope_parameters: is keyed by layer type and needs an object for the layer's type (got sliding_attention)"));
+  CHECK_THROWS_WITH(posenc::io::rope_config_from_hf(g, 34),
+                    Catch::Contains("layer: must be in [0, num_hidden_layers)"));
+
+  // Every other model rotates all its layers alike (Mistral: every layer slides).
+  const json mistral = json::parse(R"({"model_type": "mistral", "head_dim": 128, "num_attention_heads": 32,
+    "num_hidden_layers": 32, "rope_theta": 10000.0, "sliding_window": 4096})");
+  check_close(posenc::rope(posenc::io::rope_config_from_hf(mistral, 3)).inv_freq(), plain_inv_freq(1e4, 128));
+}
+
+TEST_CASE("hf_config: llama3 scaling needs original_max_position_embeddings in its block, as transformers",
+          "[io][hf_config]") {
+  json cfg = config("llama-3.1-8b");
+  cfg["rope_scaling"].erase("original_max_position_embeddings");
+  CHECK_THROWS_WITH(posenc::io::rope_config_from_hf(cfg),
+                    Catch::Contains("rope_scaling.original_max_position_embeddings: is required by rope_type llama3"));
+  cfg["original_max_position_embeddings"] = 8192;  // a top-level key is not read by llama3 either
+  CHECK_THROWS_WITH(posenc::io::rope_config_from_hf(cfg), Catch::Contains("original_max_position_embeddings"));
+}
+
 // Found by the config.json fuzzer: a whole number written as a float beyond the integer range was
 // converted to an integer (undefined behaviour) instead of being rejected.
 TEST_CASE("hf_config: a whole-number float beyond the integer range is an error naming the key", "[io][hf_config][errors]") {

@@ -4,6 +4,7 @@
 //   rope_config_from_hf     RoPE: rope_theta, rope_scaling / rope_parameters (rope_type or legacy
 //                           `type`), partial_rotary_factor, head_dim (or hidden_size /
 //                           num_attention_heads), max_position_embeddings
+//                           (with a layer: that layer's, where sliding layers rotate differently: Gemma 3)
 //   alibi_config_from_hf    ALiBi: BLOOM (n_head), Falcon (`alibi: true`), MPT (attn_config.alibi,
 //                           attn_config.alibi_bias_max)
 //   t5_config_from_hf       T5: relative_attention_num_buckets, relative_attention_max_distance,
@@ -27,11 +28,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <initializer_list>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
@@ -127,22 +129,42 @@ template <class V>
   return std::find(set.begin(), set.end(), s) != set.end();
 }
 
-/// head_dim, else hidden_size / num_attention_heads (HF's default in every decoder config class).
+/// The aliases of the model width and the head count (the attribute_map of GPT2Config, BloomConfig
+/// (n_embed, read by BloomConfig.__init__), MptConfig and T5Config (num_heads)).
+inline const std::initializer_list<std::string_view> hidden_keys = {"hidden_size", "n_embd", "n_embed", "d_model"};
+inline const std::initializer_list<std::string_view> heads_keys = {"num_attention_heads", "n_head", "n_heads",
+                                                                   "num_heads"};
+
+/// head_dim (T5's d_kv), else hidden_size / num_attention_heads (HF's default in every decoder config class).
 [[nodiscard]] inline index_t head_dim(const json& cfg, std::string_view family) {
-  if (auto h = get<index_t>(cfg, {"head_dim"}); h) return *h;
+  if (auto h = get<index_t>(cfg, {"head_dim", "d_kv"}); h) return *h;
   const std::string what = std::string(family) + " (head_dim, or hidden_size / num_attention_heads)";
-  const auto hidden = need<index_t>(cfg, {"hidden_size", "n_embd", "d_model"}, what);
-  const auto heads = need<index_t>(cfg, {"num_attention_heads", "n_head", "n_heads"}, what);
+  const auto hidden = need<index_t>(cfg, hidden_keys, what);
+  const auto heads = need<index_t>(cfg, heads_keys, what);
   require(heads > 0 && hidden % heads == 0, "hidden_size", "must be a multiple of num_attention_heads", hidden, " / ",
           heads);
   return hidden / heads;
 }
 
-/// The rope block: rope_parameters (transformers >= 4.56 / v5) or rope_scaling; null when absent.
-[[nodiscard]] inline const json* rope_block(const json& cfg) {
+/// The part of a config the readers look at: a multimodal config's `text_config` (Gemma 3) when the
+/// top level has no head count, else the config itself.
+[[nodiscard]] inline const json& text_part(const json& top) {
+  const json* text = find_key(top, {"text_config"});
+  return text != nullptr && text->is_object() && find_key(top, heads_keys) == nullptr ? *text : top;
+}
+
+/// The rope block: rope_parameters (transformers >= 4.56 / v5) or rope_scaling; null when absent. A
+/// block keyed by layer type (v5's Gemma 3: {"full_attention": {...}, "sliding_attention": {...}})
+/// gives the entry of `layer_kind`.
+[[nodiscard]] inline const json* rope_block(const json& cfg, std::string_view layer_kind) {
   const json* b = find_key(cfg, {"rope_parameters", "rope_scaling"});
-  if (b) require(b->is_object(), "rope_scaling", "must be an object or null", b->dump());
-  return b;
+  if (!b) return nullptr;
+  require(b->is_object(), "rope_scaling", "must be an object or null", b->dump());
+  if (!b->contains("full_attention") && !b->contains("sliding_attention")) return b;
+  const json* e = find_key(*b, {layer_kind});
+  require(e != nullptr && e->is_object(), "rope_parameters",
+          "is keyed by layer type and needs an object for the layer's type", layer_kind);
+  return e;
 }
 
 }  // namespace detail
@@ -192,21 +214,24 @@ inline constexpr std::string_view supported_rope_types = "default, linear, dynam
   return s;
 }
 
-/// RoPE from a config: theta (rope_theta / rotary_emb_base, or inside the rope block), the scaling
-/// block, rotary fraction (partial_rotary_factor / rotary_pct, or an explicit rotary_dim as GPT-J),
-/// head_dim (head_dim, DeepSeek's qk_rope_head_dim, else hidden_size / num_attention_heads),
-/// max_position_embeddings (n_positions), and the pair layout: interleaved for GPT-J / CodeGen
-/// (rotate_every_two), half (rotate_half) otherwise.
-[[nodiscard]] inline rope_config rope_config_from_hf(const nlohmann::json& cfg) {
-  using detail::get;
-  require(cfg.is_object(), "config", "must be a JSON object");
-  const detail::json* block = detail::rope_block(cfg);
-  const detail::json none;
-  const detail::json& b = block ? *block : none;
-  const std::string mt = detail::model_type(cfg);
+namespace detail {
+
+/// rope_config_from_hf for the layers of `layer_kind` ("full_attention" or "sliding_attention") of `cfg`
+/// (already the text part).
+[[nodiscard]] inline rope_config rope_config_of(const json& cfg, std::string_view layer_kind) {
+  const json* block = rope_block(cfg, layer_kind);
+  const bool keyed_by_layer = block != find_key(cfg, {"rope_parameters", "rope_scaling"});
+  const json none;
+  const json& b = block ? *block : none;
+  const std::string mt = model_type(cfg);
 
   rope_config r;
   r.scaling = rope_scaling_from_hf(b);
+  // transformers' llama3 reads original_max_position_embeddings from the block only (a KeyError without
+  // it); the fallback to max_position_embeddings would give other frequencies, silently.
+  if (r.scaling.rope_type == rope_type::llama3)
+    require(r.scaling.original_max_position_embeddings.has_value(), "rope_scaling.original_max_position_embeddings",
+            "is required by rope_type llama3 (transformers reads it from the rope_scaling block)");
   // A rope_theta / partial_rotary_factor inside the block overrides the top-level one (rope_parameters).
   r.rope_theta =
       get<double>(b, {"rope_theta"}).value_or(get<double>(cfg, {"rope_theta", "rotary_emb_base"}).value_or(10000.0));
@@ -214,14 +239,27 @@ inline constexpr std::string_view supported_rope_types = "default, linear, dynam
     r.partial_rotary_factor = *f;
   else
     r.partial_rotary_factor = get<double>(cfg, {"partial_rotary_factor", "rotary_pct"}).value_or(1.0);
+  // Gemma 3 (transformers 4.5x): the sliding layers rotate with rope_local_base_freq and no scaling
+  // (Gemma3TextModel.rotary_emb_local); v5 writes that as the block's sliding_attention entry instead.
+  if (layer_kind == "sliding_attention" && !keyed_by_layer)
+    if (auto local = get<double>(cfg, {"rope_local_base_freq"}); local) {
+      r.rope_theta = *local;
+      r.scaling = rope_scaling{};
+    }
 
-  if (auto h = get<index_t>(cfg, {"qk_rope_head_dim"}); h && detail::one_of(mt, {"deepseek_v2", "deepseek_v3"})) {
-    r.head_dim = *h;  // MLA: only the decoupled rope part of each head rotates
+  const bool deepseek = one_of(mt, {"deepseek_v2", "deepseek_v3"});
+  if (auto h = get<index_t>(cfg, {"qk_rope_head_dim"}); h && deepseek) {
+    r.head_dim = *h;  // MLA: only the decoupled rope part of each head (its last qk_rope_head_dim dims) rotates
   } else {
-    r.head_dim = detail::head_dim(cfg, "rope");
+    r.head_dim = head_dim(cfg, "rope");
   }
-  if (auto rd = get<index_t>(cfg, {"rotary_dim"}); rd && detail::one_of(mt, {"gptj", "codegen"})) r.rotary_dim = *rd;
-  r.layout = detail::one_of(mt, {"gptj", "codegen"}) ? rope_layout::interleaved : rope_layout::half;
+  if (auto rd = get<index_t>(cfg, {"rotary_dim"}); rd && one_of(mt, {"gptj", "codegen"})) r.rotary_dim = *rd;
+  // Interleaved pairs: GPT-J / CodeGen (rotate_every_two); DeepSeek-V2 (complex pairs of adjacent
+  // dims) and V3 unless rope_interleave is false (apply_rotary_pos_emb_interleave: q and k de-interleaved
+  // alike before rotate_half, so the scores are those of adjacent pairs).
+  const bool interleaved = one_of(mt, {"gptj", "codegen", "deepseek_v2"}) ||
+                           (mt == "deepseek_v3" && get<bool>(cfg, {"rope_interleave"}).value_or(true));
+  r.layout = interleaved ? rope_layout::interleaved : rope_layout::half;
   r.max_position_embeddings = get<std::int64_t>(cfg, {"max_position_embeddings", "n_positions"});
 
   // Phi-3 keeps original_max_position_embeddings at the top level; HF's longrope then derives the
@@ -235,6 +273,20 @@ inline constexpr std::string_view supported_rope_types = "default, linear, dynam
   return r;
 }
 
+}  // namespace detail
+
+/// RoPE from a config: theta (rope_theta / rotary_emb_base, or inside the rope block), the scaling
+/// block, rotary fraction (partial_rotary_factor / rotary_pct, or an explicit rotary_dim as GPT-J),
+/// head_dim (head_dim, DeepSeek's qk_rope_head_dim, else hidden_size / num_attention_heads),
+/// max_position_embeddings (n_positions), and the pair layout: interleaved for GPT-J / CodeGen
+/// (rotate_every_two) and DeepSeek, half (rotate_half) otherwise. A multimodal config is read from its
+/// text_config. Where a model's sliding layers rotate differently (Gemma 3), this is the RoPE of its
+/// full-attention layers: rope_config_from_hf(cfg, layer) gives any layer's.
+[[nodiscard]] inline rope_config rope_config_from_hf(const nlohmann::json& cfg) {
+  require(cfg.is_object(), "config", "must be a JSON object");
+  return detail::rope_config_of(detail::text_part(cfg), "full_attention");
+}
+
 /// ALiBi heads and max_bias: BLOOM (n_head), Falcon (num_attention_heads / n_head), MPT (n_heads,
 /// attn_config.alibi_bias_max, default 8). The form is the paper's causal one, -m (q - k): BLOOM's
 /// +m k differs from it by a per-row constant, which the causal softmax of these decoders cancels.
@@ -242,7 +294,7 @@ inline constexpr std::string_view supported_rope_types = "default, linear, dynam
   using detail::get;
   require(cfg.is_object(), "config", "must be a JSON object");
   alibi_config a;
-  a.heads = detail::need<index_t>(cfg, {"num_attention_heads", "n_head", "n_heads"}, "alibi");
+  a.heads = detail::need<index_t>(cfg, detail::heads_keys, "alibi");
   a.max_bias = 8.0;
   if (const detail::json* attn = detail::find_key(cfg, {"attn_config"}); attn && attn->is_object())
     a.max_bias = get<double>(*attn, {"alibi_bias_max"}).value_or(8.0);
@@ -282,7 +334,7 @@ struct learned_spec {
   learned_spec s;
   const index_t n =
       detail::need<index_t>(cfg, {"max_position_embeddings", "n_positions", "max_seq_len"}, "learned positions");
-  s.d_model = detail::need<index_t>(cfg, {"hidden_size", "n_embd", "d_model"}, "learned positions");
+  s.d_model = detail::need<index_t>(cfg, detail::hidden_keys, "learned positions");
   s.max_positions = n;
   if (detail::one_of(mt, {"opt", "bart", "mbart", "blenderbot", "blenderbot-small", "marian"})) {
     s.options.offset = 2;
@@ -325,7 +377,8 @@ struct model_attention_config {
   std::string model_type;
   index_t num_attention_heads = 0;
   index_t num_key_value_heads = 0;  ///< = num_attention_heads when the config has none (MHA)
-  index_t head_dim = 0;             ///< head_dim, else hidden_size / num_attention_heads
+  index_t head_dim = 0;             ///< of q and k: head_dim, else hidden_size / num_attention_heads
+  index_t value_head_dim = 0;       ///< of v: = head_dim, except DeepSeek's MLA (v_head_dim)
   index_t num_hidden_layers = 0;    ///< 0 when the config does not say
   /// The sliding window W (0 = none): a query at p sees keys p - W + 1 .. p (HF's sliding-window
   /// mask; attention_options::sliding_window).
@@ -337,6 +390,9 @@ struct model_attention_config {
   double attn_logit_softcapping = 0.0;
   /// Gemma's query_pre_attn_scalar: the logit scale is query_pre_attn_scalar^-1/2, not head_dim^-1/2.
   std::optional<double> query_pre_attn_scalar{};
+  /// DeepSeek-V2/V3 with YaRN and mscale_all_dim: the logit scale is head_dim^-1/2 times this
+  /// (yarn_get_mscale(factor, mscale_all_dim)^2, DeepseekV3Attention.scaling); 1 otherwise.
+  double scale_factor = 1.0;
   /// Whether the attention has per-head sinks (gpt-oss: the `sinks` weight of each layer, [heads],
   /// passed as attention_options::sinks).
   bool has_sinks = false;
@@ -351,8 +407,9 @@ struct model_attention_config {
   }
   /// The logit scale the model uses, when it is not the encoding's (Gemma: query_pre_attn_scalar^-1/2).
   [[nodiscard]] std::optional<double> scale() const {
-    if (!query_pre_attn_scalar) return std::nullopt;
-    return 1.0 / std::sqrt(*query_pre_attn_scalar);
+    if (query_pre_attn_scalar) return 1.0 / std::sqrt(*query_pre_attn_scalar);
+    if (scale_factor != 1.0) return scale_factor / std::sqrt(static_cast<double>(head_dim));
+    return std::nullopt;
   }
   /// attention_options of a causal decoder layer: window, softcap, scale (sinks, masks, positions and
   /// the pool are the host's).
@@ -366,8 +423,36 @@ struct model_attention_config {
   }
 };
 
+namespace detail {
+
+/// DeepSeek's multi-head latent attention, once its keys and values are expanded per head: q and k of
+/// qk_nope_head_dim + qk_rope_head_dim (the rope part last), v of v_head_dim, and with YaRN the logit
+/// scale times yarn_get_mscale(factor, mscale_all_dim)^2 (DeepseekV3Attention.__init__; transformers'
+/// DeepseekV3Config also writes head_dim = qk_rope_head_dim, which is the rotary part, not the head).
+inline void read_mla_heads(const json& cfg, model_attention_config& a) {
+  const auto nope = need<index_t>(cfg, {"qk_nope_head_dim"}, "DeepSeek attention");
+  const auto rope = need<index_t>(cfg, {"qk_rope_head_dim"}, "DeepSeek attention");
+  require(nope >= 0 && rope > 0, "qk_rope_head_dim", "must be > 0 (and qk_nope_head_dim >= 0)", rope, ", ", nope);
+  a.head_dim = nope + rope;
+  a.value_head_dim = get<index_t>(cfg, {"v_head_dim"}).value_or(a.head_dim);
+  require(a.value_head_dim > 0, "v_head_dim", "must be > 0", a.value_head_dim);
+  const json* block = find_key(cfg, {"rope_parameters", "rope_scaling"});
+  if (block == nullptr || !block->is_object()) return;
+  const double m_all = get<double>(*block, {"mscale_all_dim"}).value_or(0.0);
+  if (m_all == 0.0) return;
+  const double factor = need<double>(*block, {"factor"}, "DeepSeek attention with mscale_all_dim");
+  require(std::isfinite(m_all) && std::isfinite(factor) && factor > 0.0, "rope_scaling.factor",
+          "must be finite and > 0 (with a finite mscale_all_dim)", factor, ", ", m_all);
+  const double m = factor <= 1.0 ? 1.0 : 0.1 * m_all * std::log(factor) + 1.0;  // yarn_get_mscale
+  a.scale_factor = m * m;
+}
+
+}  // namespace detail
+
 /// Reads model_attention_config from a config.json (a multimodal config's `text_config` when the
-/// top level has no num_attention_heads: Gemma 3). Which layers slide:
+/// top level has no num_attention_heads: Gemma 3). Head counts: Falcon without new_decoder_architecture
+/// and with multi_query (its default) has one kv head (FalconAttention); DeepSeek-V2/V3's MLA heads are
+/// qk_nope_head_dim + qk_rope_head_dim for q and k and v_head_dim for v. Which layers slide:
 ///   layer_types (transformers >= 4.53: "sliding_attention" / "full_attention" per layer) when present;
 ///   else Gemma 2: even layers (i % 2 == 0); Gemma 3: all but every sliding_window_pattern-th layer
 ///   ((i + 1) % pattern != 0, default 6); Qwen2 / Qwen2-MoE / Qwen3: none unless use_sliding_window,
@@ -375,20 +460,23 @@ struct model_attention_config {
 [[nodiscard]] inline model_attention_config attention_config_from_hf(const nlohmann::json& top) {
   using detail::get;
   require(top.is_object(), "config", "must be a JSON object");
-  const detail::json* text = detail::find_key(top, {"text_config"});
-  const bool nested = text != nullptr && text->is_object() && !detail::find_key(top, {"num_attention_heads", "n_head"});
-  const detail::json& cfg = nested ? *text : top;
+  const detail::json& cfg = detail::text_part(top);
 
   model_attention_config a;
   a.model_type = detail::model_type(cfg);
   if (a.model_type.empty()) a.model_type = detail::model_type(top);
   const std::string mt = a.model_type;
-  a.num_attention_heads = detail::need<index_t>(cfg, {"num_attention_heads", "n_head", "n_heads"}, "attention");
+  a.num_attention_heads = detail::need<index_t>(cfg, detail::heads_keys, "attention");
   require(a.num_attention_heads > 0, "num_attention_heads", "must be > 0", a.num_attention_heads);
   a.num_key_value_heads = get<index_t>(cfg, {"num_key_value_heads", "n_head_kv", "num_kv_heads"}).value_or(a.num_attention_heads);
+  if (detail::one_of(mt, {"falcon", "RefinedWeb", "RefinedWebModel"}) &&
+      !get<bool>(cfg, {"new_decoder_architecture"}).value_or(false) && get<bool>(cfg, {"multi_query"}).value_or(true))
+    a.num_key_value_heads = 1;
   require(a.num_key_value_heads > 0 && a.num_attention_heads % a.num_key_value_heads == 0, "num_key_value_heads",
           "must be > 0 and divide num_attention_heads", a.num_key_value_heads, " for ", a.num_attention_heads);
   a.head_dim = detail::head_dim(cfg, "attention");
+  a.value_head_dim = a.head_dim;
+  if (detail::one_of(mt, {"deepseek_v2", "deepseek_v3"})) detail::read_mla_heads(cfg, a);
   require(a.head_dim > 0, "head_dim", "must be > 0", a.head_dim);
   a.num_hidden_layers = get<index_t>(cfg, {"num_hidden_layers", "n_layer", "num_layers"}).value_or(0);
   require(a.num_hidden_layers >= 0, "num_hidden_layers", "must be >= 0", a.num_hidden_layers);
@@ -427,6 +515,16 @@ struct model_attention_config {
             "must be finite and > 0", *a.query_pre_attn_scalar);
   a.has_sinks = mt == "gpt_oss";
   return a;
+}
+
+/// The RoPE of layer `layer`: rope_config_from_hf(cfg) for a full-attention layer; for a sliding one
+/// (attention_config_from_hf(cfg).layer_window(layer) > 0) the rope block's sliding_attention entry
+/// when it is keyed by layer type (transformers v5), else Gemma 3's rope_local_base_freq without
+/// scaling (Gemma3TextModel.rotary_emb_local); every other model rotates all its layers alike.
+[[nodiscard]] inline rope_config rope_config_from_hf(const nlohmann::json& cfg, index_t layer) {
+  const model_attention_config a = attention_config_from_hf(cfg);
+  return detail::rope_config_of(detail::text_part(cfg),
+                                a.layer_window(layer) > 0 ? "sliding_attention" : "full_attention");
 }
 
 // ---- family dispatch -----------------------------------------------------------------------------
@@ -503,8 +601,9 @@ inline bool is_learned(const json& c) {
 }
 
 /// Detect the family of a config.json and read it; posenc::error when no family matches.
-[[nodiscard]] inline hf_encoding encoding_from_hf(const nlohmann::json& cfg) {
-  require(cfg.is_object(), "config", "must be a JSON object");
+[[nodiscard]] inline hf_encoding encoding_from_hf(const nlohmann::json& top) {
+  require(top.is_object(), "config", "must be a JSON object");
+  const nlohmann::json& cfg = detail::text_part(top);  // Gemma 3's text_config
   for (const hf_family& f : hf_families())
     if (f.matches(cfg)) return f.read(cfg);
   std::string names;
