@@ -229,8 +229,35 @@ TEST_CASE("safetensors: malformed files give errors naming the violation", "[io]
     expect_error(make_file(R"({"x": 3})", eight), {"'x'", "object"});
   }
   SECTION("unknown dtype") {
-    expect_error(make_file(R"({"x":{"dtype":"F8_E4M3","shape":[8],"data_offsets":[0,8]}})", eight),
-                 {"'x'", "unsupported dtype 'F8_E4M3'", "BF16"});
+    expect_error(make_file(R"({"x":{"dtype":"F12","shape":[8],"data_offsets":[0,8]}})", eight),
+                 {"'x'", "unknown dtype 'F12'", "F8_E4M3"});
+  }
+  SECTION("a dtype of the format that posenc does not convert: its size checked like the others") {
+    expect_error(make_file(R"({"x":{"dtype":"U16","shape":[3],"data_offsets":[0,8]}})", eight),
+                 {"'x'", "span 8 bytes", "U16 needs 6"});
+  }
+  SECTION("a name twice (the reference keeps one of them silently)") {
+    bytes_t sixteen = eight;
+    append<double>(sixteen, 2.0);
+    expect_error(make_file(R"({"a":{"dtype":"F64","shape":[1],"data_offsets":[0,8]},)"
+                           R"("a":{"dtype":"F64","shape":[1],"data_offsets":[8,16]}})",
+                           sixteen),
+                 {"'a'", "appears twice"});
+  }
+  SECTION("bytes between two payloads") {
+    bytes_t twentyfour = eight;
+    append<double>(twentyfour, 2.0);
+    append<double>(twentyfour, 3.0);
+    expect_error(make_file(R"({"a":{"dtype":"F64","shape":[1],"data_offsets":[0,8]},)"
+                           R"("b":{"dtype":"F64","shape":[1],"data_offsets":[16,24]}})",
+                           twentyfour),
+                 {"'b'", "leave bytes [8, 16)", "to no tensor"});
+  }
+  SECTION("bytes after the last payload") {
+    bytes_t sixteen = eight;
+    append<double>(sixteen, 2.0);
+    expect_error(make_file(ok, sixteen), {"8 bytes after the last tensor", "belong to no tensor"});
+    expect_error(make_file("{}", eight), {"8 bytes after the last tensor"});
   }
   SECTION("missing dtype") {
     expect_error(make_file(R"({"x":{"shape":[1],"data_offsets":[0,8]}})", eight), {"'x'", "dtype"});
@@ -264,6 +291,38 @@ TEST_CASE("safetensors: malformed files give errors naming the violation", "[io]
   SECTION("bad metadata") {
     expect_error(make_file(R"({"__metadata__":{"n":1}})", {}), {"__metadata__", "string"});
   }
+}
+
+TEST_CASE("safetensors: a file with dtypes posenc does not convert is read for its other tensors",
+          "[io][safetensors]") {
+  // gpt-oss checkpoints keep their MXFP4 experts as U8 next to the BF16 sinks; DeepSeek-V3's are F8_E4M3.
+  bytes_t data;
+  for (unsigned char b : {1, 2, 3, 4, 5, 6}) data.push_back(b);  // blocks: U8 [2, 3]
+  const Eigen::bfloat16 sinks[2] = {Eigen::bfloat16(0.5f), Eigen::bfloat16(-1.25f)};
+  for (const auto& x : sinks) {
+    const auto bits = Eigen::numext::bit_cast<std::uint16_t>(x);
+    data.push_back(static_cast<unsigned char>(bits & 0xff));
+    data.push_back(static_cast<unsigned char>(bits >> 8));
+  }
+  data.push_back(1);  // a BOOL
+  const auto f = safetensors_file::parse(make_file(R"({"blocks":{"dtype":"U8","shape":[2,3],"data_offsets":[0,6]},)"
+                                                   R"("sinks":{"dtype":"BF16","shape":[2],"data_offsets":[6,10]},)"
+                                                   R"("flag":{"dtype":"BOOL","shape":[],"data_offsets":[10,11]}})",
+                                                   data));
+  CHECK(f.values<float>("sinks") == std::vector<float>{0.5f, -1.25f});
+  CHECK(f.info("blocks").dtype == dtype::other);
+  CHECK(f.info("blocks").format_dtype == "U8");
+  CHECK(f.info("blocks").shape == std::vector<std::int64_t>{2, 3});
+  CHECK(f.bytes("blocks").size() == 6);
+  CHECK(f.bytes("blocks")[5] == 6);
+  CHECK(f.bytes("flag").size() == 1);
+  CHECK_THROWS_WITH(f.values<std::int64_t>("blocks"),
+                    Catch::Contains("'blocks': stored as U8, which posenc does not convert"));
+  CHECK_THROWS_WITH((f.tensor<float, 2>("blocks")), Catch::Contains("stored as U8"));
+  CHECK_THROWS_WITH(f.values<double>("flag"), Catch::Contains("stored as BOOL"));
+  posenc::io::safetensors_writer w;
+  CHECK_THROWS_WITH(w.add_as<std::int64_t>("u8", dtype::other, {1}, std::vector<std::int64_t>{1}),
+                    Catch::Contains("not dtype::other"));
 }
 
 TEST_CASE("safetensors: edge cases that are valid", "[io][safetensors]") {

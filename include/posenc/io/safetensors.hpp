@@ -9,14 +9,19 @@
 //                     little-endian.
 //
 // The reader validates everything before it hands out a byte (a file from the internet is untrusted
-// input): N <= 100 MB and within the file, a JSON object, per tensor a known dtype, a shape of
-// non-negative integers, offsets inside the data buffer with end - begin == numel x dtype size, and no
-// two tensors overlapping. Every violation is a posenc::error naming the file, the tensor and the rule.
+// input): N <= 100 MB and within the file, a JSON object without repeated names, per tensor a dtype of
+// the format, a shape of non-negative integers, offsets inside the data buffer with end - begin ==
+// numel x dtype size, and the payloads tiling the data buffer: no two overlapping, no byte between or
+// after them (the reference implementation's validate: InvalidOffset, MetadataIncompleteBuffer). Every
+// violation is a posenc::error naming the file, the tensor and the rule.
 // Payload offsets need not be aligned (an odd F32 tensor shifts the next one by 4 bytes), so values
 // are copied out with memcpy and never read through a cast pointer.
 //
 // Dtypes: F64, F32, F16, BF16 (read as float or double; half types through Eigen::half /
-// Eigen::bfloat16), I64, I32 (read as int64 or int32, range-checked). The writer produces the
+// Eigen::bfloat16), I64, I32 (read as int64 or int32, range-checked). The format's other dtypes (BOOL,
+// U8, I8, I16, U16, U32, U64, F8_E4M3, F8_E5M2, F8_E8M0, C64: quantized experts, FP8 checkpoints) are
+// listed as dtype::other with their bytes, so the rest of such a file can be read; converting them
+// is refused. The writer produces the
 // canonical form: names sorted, payloads packed back to back in that order, header right-padded with
 // spaces to a multiple of 8 bytes.
 #pragma once
@@ -31,6 +36,7 @@
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -46,8 +52,9 @@ namespace posenc::io {
 static_assert(std::endian::native == std::endian::little,
               "posenc/io/safetensors.hpp copies little-endian payloads directly; big-endian hosts are not supported");
 
-/// Element types of the format this library reads and writes.
-enum class dtype { f64, f32, f16, bf16, i64, i32 };
+/// Element types of the format this library reads and writes; `other`: a dtype of the format it only
+/// lists (tensor_info::format_dtype names it).
+enum class dtype { f64, f32, f16, bf16, i64, i32, other };
 
 /// The format's name of a dtype ("F64", ...).
 [[nodiscard]] inline std::string_view dtype_name(dtype t) {
@@ -64,6 +71,8 @@ enum class dtype { f64, f32, f16, bf16, i64, i32 };
       return "I64";
     case dtype::i32:
       return "I32";
+    case dtype::other:
+      return "other";
   }
   return "?";
 }
@@ -80,6 +89,8 @@ enum class dtype { f64, f32, f16, bf16, i64, i32 };
     case dtype::f16:
     case dtype::bf16:
       return 2;
+    case dtype::other:
+      return 0;  // per name: tensor_info::element_bytes
   }
   return 0;
 }
@@ -117,16 +128,24 @@ inline constexpr std::uint64_t max_header_bytes = 100'000'000;
   throw error("posenc: safetensors " + source + ": " + what);
 }
 
-[[nodiscard]] inline bool parse_dtype(std::string_view s, dtype& out) {
-  static constexpr std::pair<std::string_view, dtype> names[] = {{"F64", dtype::f64}, {"F32", dtype::f32},
-                                                                 {"F16", dtype::f16}, {"BF16", dtype::bf16},
-                                                                 {"I64", dtype::i64}, {"I32", dtype::i32}};
-  for (const auto& [n, t] : names)
-    if (s == n) {
-      out = t;
-      return true;
-    }
-  return false;
+struct format_dtype {
+  std::string_view name;
+  dtype type;
+  std::size_t bytes;
+};
+
+/// The dtypes of the format (safetensors' Dtype, whole-byte ones) and their element sizes.
+inline constexpr format_dtype format_dtypes[] = {
+    {"F64", dtype::f64, 8},   {"F32", dtype::f32, 4},       {"F16", dtype::f16, 2},       {"BF16", dtype::bf16, 2},
+    {"I64", dtype::i64, 8},   {"I32", dtype::i32, 4},       {"BOOL", dtype::other, 1},    {"U8", dtype::other, 1},
+    {"I8", dtype::other, 1},  {"F8_E4M3", dtype::other, 1}, {"F8_E5M2", dtype::other, 1}, {"F8_E8M0", dtype::other, 1},
+    {"I16", dtype::other, 2}, {"U16", dtype::other, 2},     {"U32", dtype::other, 4},     {"U64", dtype::other, 8},
+    {"C64", dtype::other, 8}};
+
+[[nodiscard]] inline const format_dtype* parse_dtype(std::string_view s) {
+  for (const auto& d : format_dtypes)
+    if (s == d.name) return &d;
+  return nullptr;
 }
 
 /// Read one element of type `from` at `p` (unaligned) as T. Float <-> integer conversions are refused
@@ -164,6 +183,8 @@ template <class T>
       std::memcpy(&x, p, 4);
       return static_cast<T>(x);
     }
+    case dtype::other:  // refused before any load (check_convertible)
+      break;
   }
   return T{};
 }
@@ -174,6 +195,8 @@ template <class T>
 struct tensor_info {
   std::string name;
   io::dtype dtype = io::dtype::f64;
+  std::string format_dtype = "F64";  ///< the header's name (F32, U8, F8_E4M3, ...)
+  std::size_t element_bytes = 8;
   std::vector<std::int64_t> shape;   ///< row-major; [] = a scalar (one element)
   std::uint64_t begin = 0, end = 0;  ///< byte offsets into the data buffer
 
@@ -247,7 +270,7 @@ class safetensors_file {
   [[nodiscard]] std::vector<T> values(const std::string& name) const {
     const auto& t = info(name);
     check_convertible<T>(t);
-    const std::size_t n = static_cast<std::size_t>(t.numel()), w = dtype_size(t.dtype);
+    const std::size_t n = static_cast<std::size_t>(t.numel()), w = t.element_bytes;
     std::vector<T> v(n);
     const unsigned char* p = bytes_.data() + data_start_ + t.begin;
     if (t.dtype == dtype_of<T>()) {
@@ -287,6 +310,10 @@ class safetensors_file {
   template <class T>
   void check_convertible(const tensor_info& t) const {
     constexpr dtype want = dtype_of<T>();
+    if (t.dtype == dtype::other)
+      detail::fail(source_, "tensor '" + t.name + "': stored as " + t.format_dtype +
+                                ", which posenc does not convert (it reads F64, F32, F16, BF16, I64, I32; bytes() "
+                                "gives the raw payload)");
     if (is_floating(want) != is_floating(t.dtype) || want == dtype::f16 || want == dtype::bf16) {
       if (t.dtype == want) return;
       detail::fail(source_, "tensor '" + t.name + "': stored as " + std::string(dtype_name(t.dtype)) +
@@ -309,11 +336,21 @@ class safetensors_file {
     const std::uint64_t data_size = bytes_.size() - data_start_;
 
     nlohmann::json header;
+    std::set<std::string> seen;  // a repeated name would silently keep its last entry
+    std::string repeated;
+    const auto note_names = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+      if (depth == 1 && event == nlohmann::json::parse_event_t::key && !seen.insert(parsed.get<std::string>()).second &&
+          repeated.empty())
+        repeated = parsed.get<std::string>();
+      return true;
+    };
     try {
-      header = nlohmann::json::parse(bytes_.begin() + 8, bytes_.begin() + static_cast<std::ptrdiff_t>(data_start_));
+      header = nlohmann::json::parse(bytes_.begin() + 8, bytes_.begin() + static_cast<std::ptrdiff_t>(data_start_),
+                                     note_names);
     } catch (const nlohmann::json::exception& e) {
       detail::fail(src, std::string("header is not valid JSON: ") + e.what());
     }
+    if (!repeated.empty()) detail::fail(src, "tensor '" + repeated + "': the name appears twice in the header");
     if (!header.is_object()) detail::fail(src, std::string("header must be a JSON object, got ") + header.type_name());
 
     for (const auto& [name, entry] : header.items()) {
@@ -328,17 +365,30 @@ class safetensors_file {
       index_.emplace(name, parse_entry(name, entry, data_size));
     }
 
-    // No two payloads may share a byte (a crafted file could alias tensors otherwise).
+    // The payloads tile the data buffer: no two share a byte (a crafted file could alias tensors
+    // otherwise), and none is left between or after them (bytes no tensor owns).
     std::vector<const tensor_info*> by_offset;
     for (const auto& [k, t] : index_)
       if (t.end > t.begin) by_offset.push_back(&t);
     std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return a->begin < b->begin; });
-    for (std::size_t i = 1; i < by_offset.size(); ++i)
-      if (by_offset[i]->begin < by_offset[i - 1]->end)
-        detail::fail(src, "tensor '" + by_offset[i]->name + "': data_offsets [" + std::to_string(by_offset[i]->begin) +
-                              ", " + std::to_string(by_offset[i]->end) + ") overlap tensor '" + by_offset[i - 1]->name +
-                              "' [" + std::to_string(by_offset[i - 1]->begin) + ", " +
-                              std::to_string(by_offset[i - 1]->end) + ")");
+    std::uint64_t covered = 0;
+    const tensor_info* last = nullptr;
+    for (const tensor_info* t : by_offset) {
+      if (last != nullptr && t->begin < covered)
+        detail::fail(src, "tensor '" + t->name + "': data_offsets [" + std::to_string(t->begin) + ", " +
+                              std::to_string(t->end) + ") overlap tensor '" + last->name + "' [" +
+                              std::to_string(last->begin) + ", " + std::to_string(last->end) + ")");
+      if (t->begin > covered)
+        detail::fail(src, "tensor '" + t->name + "': data_offsets [" + std::to_string(t->begin) + ", " +
+                              std::to_string(t->end) + ") leave bytes [" + std::to_string(covered) + ", " +
+                              std::to_string(t->begin) + ") of the data buffer to no tensor");
+      covered = t->end;
+      last = t;
+    }
+    if (covered != data_size)
+      detail::fail(src, "the data buffer has " + std::to_string(data_size - covered) +
+                            " bytes after the last tensor's [" + std::to_string(covered) +
+                            " bytes], which belong to no tensor");
   }
 
   tensor_info parse_entry(const std::string& name, const nlohmann::json& e, std::uint64_t data_size) const {
@@ -349,8 +399,14 @@ class safetensors_file {
     t.name = name;
     if (!e.contains("dtype") || !e.at("dtype").is_string()) bad("missing string field 'dtype'");
     const auto ds = e.at("dtype").get<std::string>();
-    if (!detail::parse_dtype(ds, t.dtype))
-      bad("unsupported dtype '" + ds + "' (supported: F64, F32, F16, BF16, I64, I32)");
+    const detail::format_dtype* fd = detail::parse_dtype(ds);
+    if (fd == nullptr)
+      bad("unknown dtype '" + ds +
+          "' (the format's: F64, F32, F16, BF16, I64, I32, BOOL, U8, I8, I16, U16, U32, U64, F8_E4M3, F8_E5M2, "
+          "F8_E8M0, C64)");
+    t.dtype = fd->type;
+    t.format_dtype = ds;
+    t.element_bytes = fd->bytes;
     if (!e.contains("shape") || !e.at("shape").is_array()) bad("missing array field 'shape'");
     std::uint64_t numel = 1;
     for (const auto& s : e.at("shape")) {
@@ -373,7 +429,7 @@ class safetensors_file {
     if (t.end > data_size)
       bad("data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) +
           "] reach beyond the data buffer of " + std::to_string(data_size) + " bytes");
-    const std::uint64_t want = numel * dtype_size(t.dtype);
+    const std::uint64_t want = numel * t.element_bytes;
     if (t.end - t.begin != want)
       bad("data_offsets span " + std::to_string(t.end - t.begin) + " bytes but shape " + e.at("shape").dump() + " of " +
           ds + " needs " + std::to_string(want));
@@ -413,6 +469,8 @@ class safetensors_writer {
     require(!name.empty() && name != "__metadata__", "safetensors_writer",
             "tensor name must be non-empty and not __metadata__", name);
     require(entries_.count(name) == 0, "safetensors_writer", "duplicate tensor name", name);
+    require(stored != dtype::other, "safetensors_writer", "writes F64, F32, F16, BF16, I64 or I32, not dtype::other",
+            name);
     require(is_floating(stored) == is_floating(dtype_of<T>()), "safetensors_writer",
             "cannot convert between integer and float dtypes", name, ": ", dtype_name(dtype_of<T>()), " -> ",
             dtype_name(stored));
@@ -515,6 +573,8 @@ class safetensors_writer {
           break;
         case dtype::i32:
           put(static_cast<std::int32_t>(x));
+          break;
+        case dtype::other:  // refused by add_as
           break;
       }
     }
