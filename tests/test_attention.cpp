@@ -577,6 +577,26 @@ TEST_CASE("attention: explicit scale, and the overload without lse writes the sa
   posenc::reference_attention<double>(qv, kv, vv, view<double>(r.data(), c.B, c.Sq, c.H, c.Dv, c.order), opt);
   CHECK(a == b);
   expect_close<double>(a, r, "out");
+
+  // q, k and v as mutable views of the host's buffers (what posenc::bshd(double*, ...) gives): the
+  // same call, with and without lse, options given as a braced list.
+  std::vector<double> q(p.q), k(p.k), v(p.v), m(a.size()), ml(a.size()), lse2(lse.size());
+  const auto qm = view<double>(q.data(), c.B, c.Sq, c.H, c.D, c.order);
+  const auto km = view<double>(k.data(), c.B, c.Sk, c.Hkv, c.D, c.order);
+  const auto vm = view<double>(v.data(), c.B, c.Sk, c.Hkv, c.Dv, c.order);
+  posenc::attention(qm, km, vm, view<double>(m.data(), c.B, c.Sq, c.H, c.Dv, c.order), posenc::no_position{},
+                    {.scale = 0.3,
+                     .causal = opt.causal,
+                     .q_offset = opt.q_offset,
+                     .q_positions = opt.q_positions,
+                     .k_positions = opt.k_positions,
+                     .key_padding_mask = opt.key_padding_mask,
+                     .kv_lengths = opt.kv_lengths});
+  posenc::attention(qm, kv, vm, view<double>(ml.data(), c.B, c.Sq, c.H, c.Dv, c.order),
+                    posenc::tensor_map<double, 3>(lse2.data(), c.B, c.H, c.Sq), posenc::no_position{}, opt);
+  expect_close<double>(m, r, "out, mutable q, k, v");
+  expect_close<double>(ml, r, "out, mutable q, v, with lse");
+  CHECK(lse2 == lse);
 }
 
 // ---- packing in pieces ----------------------------------------------------------------------------
