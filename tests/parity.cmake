@@ -50,6 +50,10 @@ posenc_parity_must_fail(unknown_kind_is_named
 posenc_parity_must_fail(attention_refuses_unknown_param
                         ${CMAKE_CURRENT_SOURCE_DIR}/data/parity_selftest/selftest_attention_unknown_param.json
                         "params.no_such_param: is not a parameter of kind attention")
+# Every kind refuses a parameter it does not define: a misspelt rope_theta would run with the default.
+posenc_parity_must_fail(rope_attention_refuses_misspelt_param
+                        ${CMAKE_CURRENT_SOURCE_DIR}/data/parity_selftest/selftest_rope_attention_misspelt_param.json
+                        "params.rope_thetta: is not a parameter of kind rope_attention")
 posenc_parity_must_fail(attention_refuses_unknown_kv_dtype
                         ${CMAKE_CURRENT_SOURCE_DIR}/data/parity_selftest/selftest_attention_kv_dtype.json
                         "params.kv_dtype: must be f16 or bf16")

@@ -417,6 +417,7 @@ inline std::vector<std::int64_t> offset_positions(index_t B, index_t S, std::int
 template <class T>
 results run_sinusoidal(const run_env& env) {
   const case_data& c = env.c;
+  c.only({"d_model", "base", "layout", "schedule"}, {"positions"});
   posenc::sinusoidal_config cfg{.d_model = c.need<index_t>("d_model"), .base = c.param<double>("base", 10000.0)};
   const auto layout = c.need<std::string>("layout");
   posenc::require(layout == "interleaved" || layout == "concat", "params.layout", "must be interleaved or concat",
@@ -438,6 +439,7 @@ results run_sinusoidal(const run_env& env) {
 template <class T>
 results run_alibi(const run_env& env) {
   const case_data& c = env.c;
+  c.only({"num_heads", "max_bias", "form", "causal", "q_offset"}, {"q", "k", "v", "key_padding_mask"});
   const auto form = c.need<std::string>("form");
   posenc::alibi_config cfg{.heads = c.need<index_t>("num_heads"), .max_bias = c.param<double>("max_bias", 8.0)};
   if (form == "causal")
@@ -478,6 +480,8 @@ results run_alibi(const run_env& env) {
 template <class T>
 results run_t5(const run_env& env) {
   const case_data& c = env.c;
+  c.only({"relative_attention_num_buckets", "relative_attention_max_distance", "is_decoder", "num_heads"},
+         {"q", "k", "v", "relative_attention_bias", "key_padding_mask", "query_positions", "relative_position_range"});
   const posenc::t5_config cfg{.num_buckets = c.need<index_t>("relative_attention_num_buckets"),
                               .max_distance = c.need<index_t>("relative_attention_max_distance"),
                               .is_decoder = c.param<bool>("is_decoder", false)};
@@ -541,6 +545,8 @@ results run_t5(const run_env& env) {
 template <class T>
 results run_transformer_xl(const run_env& env) {
   const case_data& c = env.c;
+  c.only({"d_model", "n_head", "d_head", "mem_len", "clamp_len", "same_length"},
+         {"q", "k", "v", "r_net_weight", "r_w_bias", "r_r_bias", "key_padding_mask"});
   const posenc::transformer_xl_config cfg{.d_model = c.need<index_t>("d_model"),
                                           .n_head = c.need<index_t>("n_head"),
                                           .d_head = c.need<index_t>("d_head"),
@@ -663,6 +669,9 @@ std::vector<double> rope_f32_bound(const std::vector<T>& x, const std::vector<st
 template <class T>
 results run_rope(const run_env& env) {
   const case_data& c = env.c;
+  c.only({"head_dim", "rope_theta", "partial_rotary_factor", "max_position_embeddings", "rope_scaling", "layout",
+          "seq_len", "with_hf_float32"},
+         {"x", "positions"});
   const posenc::rope r(rope_config_of(c, false));
   const auto xs = c.shape("x");
   const auto pos = c.ints("positions");
@@ -699,6 +708,9 @@ results run_rope(const run_env& env) {
 template <class T>
 results run_rope_attention(const run_env& env) {
   const case_data& c = env.c;
+  c.only({"head_dim", "rope_theta", "partial_rotary_factor", "max_position_embeddings", "rope_scaling", "layout",
+          "seq_len", "num_attention_heads", "num_key_value_heads", "causal", "q_offset"},
+         {"q", "k", "v", "q_positions", "k_positions", "key_padding_mask"});
   // No *_hf_float32 expectations exist for this kind: always the exact angles.
   posenc::rope_config cfg = rope_config_of(c, false);
   if (!cfg.seq_len) cfg.seq_len = 0;
@@ -740,6 +752,9 @@ results run_rope_attention(const run_env& env) {
 template <class T>
 results run_tupe(const run_env& env) {
   const case_data& c = env.c;
+  c.only({"num_attention_heads", "hidden_size", "rel_pos_bins", "max_rel_pos", "cls_reset"},
+         {"x", "pos_emb", "Uq", "bUq", "Uk", "bUk", "Wq", "bq", "Wk", "bk", "Wv", "bv", "relative_attention_bias",
+          "theta_cls_to_others", "theta_others_to_cls", "key_padding_mask"});
   const index_t H = c.need<index_t>("num_attention_heads");
   const bool cls = c.need<bool>("cls_reset");
   const auto xs = c.shape("x");
@@ -809,6 +824,13 @@ results run_tupe(const run_env& env) {
 template <class T>
 results run_deberta(const run_env& env) {
   const case_data& c = env.c;
+  if (c.kind() == "deberta_buckets")
+    c.only({"position_buckets", "max_relative_positions"}, {"relative_position_range"});
+  else
+    c.only(
+        {"num_attention_heads", "hidden_size", "position_buckets", "max_relative_positions", "max_position_embeddings",
+         "pos_att_type", "share_att_key", "store_score_terms"},
+        {"hidden", "Wq", "bq", "Wk", "bk", "Wv", "bv", "rel_embeddings", "Wpk", "bpk", "Wpq", "bpq", "attention_mask"});
   json prm = c.params();
   prm["relative_attention"] = true;  // the kind is relative attention by definition
   if (c.kind() == "deberta_buckets") {
@@ -936,6 +958,7 @@ results run_deberta(const run_env& env) {
 template <class T>
 results run_shaw(const run_env& env) {
   const case_data& c = env.c;
+  c.only({"max_relative_position", "causal", "q_offset"}, {"q", "k", "v", "rel_k", "rel_v", "key_padding_mask"});
   const auto K = c.need<index_t>("max_relative_position");
   const std::int64_t q_offset = c.param<std::int64_t>("q_offset", 0);
   const auto qs = c.shape("q"), ks = c.shape("k"), vs = c.shape("v");
