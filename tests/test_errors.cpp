@@ -307,6 +307,21 @@ TEST_CASE("errors: attention negative kv_lengths entry", "[errors]") {
   CHECK(c.out.unchanged());
 }
 
+TEST_CASE("errors: attention q_offset whose last query position would overflow int64", "[errors]") {
+  attention_call c;  // q_len 8: positions q_offset .. q_offset + 7
+  Eigen::ThreadPool pool(2);
+  posenc::attention_options opt;
+  opt.causal = true;
+  opt.q_offset = std::numeric_limits<std::int64_t>::max() - 6;
+  expect_error([&] { c.run(opt); }, {"q_offset:", "within int64", "with q_len 8"});
+  opt.pool = &pool;
+  expect_error([&] { c.run(opt); }, {"q_offset:", "within int64"});
+  CHECK(c.out.unchanged());
+  opt.q_offset = std::numeric_limits<std::int64_t>::max() - 7;  // the last position is INT64_MAX itself
+  c.run(opt);
+  CHECK_FALSE(c.out.unchanged());
+}
+
 TEST_CASE("errors: attention with a thread pool rejects before any worker writes", "[errors]") {
   attention_call c;
   Eigen::ThreadPool pool(4);

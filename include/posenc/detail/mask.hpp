@@ -100,6 +100,11 @@ inline call_masks resolve_masks(const attention_options& opt, index_t batch, ind
   }
   require(opt.sliding_window >= 0, "sliding_window", "must be >= 0 (0 = off)", opt.sliding_window);
   require(opt.sliding_window == 0 || opt.causal, "sliding_window", "requires causal = true", opt.sliding_window);
+  // the default query positions q_offset + i must be int64s (the sum would overflow, undefined, past INT64_MAX)
+  if (!opt.q_positions && q_len > 0)
+    require(opt.q_offset <= std::numeric_limits<std::int64_t>::max() - (q_len - 1), "q_offset",
+            "must keep the last query's position q_offset + q_len - 1 within int64", opt.q_offset, " with q_len ",
+            q_len);
   if (!opt.kv_lengths.empty()) {
     require(static_cast<index_t>(opt.kv_lengths.size()) == batch, "kv_lengths", "must have one entry per batch row",
             opt.kv_lengths.size(), " entries for batch ", batch);
