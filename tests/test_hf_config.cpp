@@ -531,8 +531,15 @@ TEST_CASE("hf_config: DeepSeek-V3 (MLA head sizes, mscale^2 logit scale, interle
   CHECK_FALSE(posenc::io::attention_config_from_hf(d).scale());
   d["rope_scaling"] = nullptr;
   CHECK_FALSE(posenc::io::attention_config_from_hf(d).scale());
+  d["qk_nope_head_dim"] = INT64_MAX;  // the head size would overflow
+  CHECK_THROWS_WITH(posenc::io::attention_config_from_hf(d), Catch::Contains("qk_rope_head_dim: must be > 0"));
   d.erase("qk_nope_head_dim");
   CHECK_THROWS_WITH(posenc::io::attention_config_from_hf(d), Catch::Contains("qk_nope_head_dim"));
+  // one flag per layer is kept: a layer count no model has is refused instead of allocated
+  const json huge = json::parse(R"({"model_type": "gemma2", "head_dim": 8, "num_attention_heads": 2,
+    "num_hidden_layers": 1000000000000, "sliding_window": 4})");
+  CHECK_THROWS_WITH(posenc::io::attention_config_from_hf(huge),
+                    Catch::Contains("num_hidden_layers: must be in [0, 1000000]"));
 }
 
 TEST_CASE("hf_config: Gemma 3's sliding layers rotate with rope_local_base_freq, unscaled", "[io][hf_config]") {

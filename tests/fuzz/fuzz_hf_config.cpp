@@ -2,13 +2,13 @@
 // then the encoding it names is built (the constructors validate the values the reader passed on)
 // and a small rope is applied, so a config that passes both checks is also one that runs. Any input
 // must be accepted or rejected with posenc::error (or nlohmann's parse error, before posenc sees it).
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <variant>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "posenc/alibi.hpp"
 #include "posenc/io/hf_config.hpp"
@@ -46,6 +46,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   try {
     exercise(posenc::io::encoding_from_hf(cfg));
+  } catch (const posenc::error&) {
+  }
+  try {  // the model-level reader, and the RoPE of a few layers (Gemma 3's sliding ones differ)
+    const posenc::io::model_attention_config a = posenc::io::attention_config_from_hf(cfg);
+    (void)a.scale();
+    for (posenc::index_t l = 0; l < std::min<posenc::index_t>(a.num_hidden_layers, 3); ++l) {
+      (void)a.options(l);
+      exercise(posenc::io::hf_encoding{"rope", a.model_type, posenc::io::rope_config_from_hf(cfg, l)});
+    }
   } catch (const posenc::error&) {
   }
   return 0;

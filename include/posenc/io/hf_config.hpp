@@ -432,7 +432,8 @@ namespace detail {
 inline void read_mla_heads(const json& cfg, model_attention_config& a) {
   const auto nope = need<index_t>(cfg, {"qk_nope_head_dim"}, "DeepSeek attention");
   const auto rope = need<index_t>(cfg, {"qk_rope_head_dim"}, "DeepSeek attention");
-  require(nope >= 0 && rope > 0, "qk_rope_head_dim", "must be > 0 (and qk_nope_head_dim >= 0)", rope, ", ", nope);
+  require(nope >= 0 && rope > 0 && nope <= std::numeric_limits<index_t>::max() - rope, "qk_rope_head_dim",
+          "must be > 0, with qk_nope_head_dim >= 0 and their sum an index", rope, ", ", nope);
   a.head_dim = nope + rope;
   a.value_head_dim = get<index_t>(cfg, {"v_head_dim"}).value_or(a.head_dim);
   require(a.value_head_dim > 0, "v_head_dim", "must be > 0", a.value_head_dim);
@@ -445,6 +446,8 @@ inline void read_mla_heads(const json& cfg, model_attention_config& a) {
           "must be finite and > 0 (with a finite mscale_all_dim)", factor, ", ", m_all);
   const double m = factor <= 1.0 ? 1.0 : 0.1 * m_all * std::log(factor) + 1.0;  // yarn_get_mscale
   a.scale_factor = m * m;
+  require(std::isfinite(a.scale_factor) && a.scale_factor > 0.0, "rope_scaling.mscale_all_dim",
+          "must give a finite, non-zero logit scale", m_all, " with factor ", factor);
 }
 
 }  // namespace detail
@@ -479,7 +482,9 @@ inline void read_mla_heads(const json& cfg, model_attention_config& a) {
   if (detail::one_of(mt, {"deepseek_v2", "deepseek_v3"})) detail::read_mla_heads(cfg, a);
   require(a.head_dim > 0, "head_dim", "must be > 0", a.head_dim);
   a.num_hidden_layers = get<index_t>(cfg, {"num_hidden_layers", "n_layer", "num_layers"}).value_or(0);
-  require(a.num_hidden_layers >= 0, "num_hidden_layers", "must be >= 0", a.num_hidden_layers);
+  // bounded: the per-layer list below has one entry per layer (the largest published model has under 200)
+  require(a.num_hidden_layers >= 0 && a.num_hidden_layers <= 1'000'000, "num_hidden_layers", "must be in [0, 1000000]",
+          a.num_hidden_layers);
 
   a.sliding_window = get<index_t>(cfg, {"sliding_window", "sliding_window_size"}).value_or(0);
   require(a.sliding_window >= 0, "sliding_window", "must be >= 0 or null", a.sliding_window);
