@@ -610,9 +610,15 @@ TEST_CASE("errors: safetensors header that is not a JSON object", "[errors]") {
   expect_safetensors_error(image("[1, 2, 3]", 0), {"safetensors", "header must be a JSON object", "array"});
 }
 
-TEST_CASE("errors: safetensors unsupported dtype", "[errors]") {
-  expect_safetensors_error(image(R"({"a":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,4]}})", 4),
-                           {"tensor 'a'", "unsupported dtype 'F8_E4M3'"});
+TEST_CASE("errors: safetensors unknown dtype", "[errors]") {
+  expect_safetensors_error(image(R"({"a":{"dtype":"F12","shape":[4],"data_offsets":[0,4]}})", 4),
+                           {"tensor 'a'", "unknown dtype 'F12'"});
+}
+
+TEST_CASE("errors: safetensors tensor of a dtype posenc lists but does not convert", "[errors]") {
+  const auto f =
+      posenc::io::safetensors_file::parse(image(R"({"a":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,4]}})", 4));
+  expect_error([&] { (void)f.values<float>("a"); }, {"tensor 'a'", "stored as F8_E4M3", "does not convert"});
 }
 
 TEST_CASE("errors: safetensors size differs from shape times dtype", "[errors]") {
