@@ -272,21 +272,24 @@ void attention(heads_view<const T> q, heads_view<const KV> k, heads_view<const K
   detail::attention_impl<T, KV>(q, k, v, out, std::optional<tensor_map<T, 3>>(lse), enc, opt);
 }
 
-/// Any of the above with q, k or v given as mutable views (posenc::bshd(float*, ...)): the same call
-/// with const views of them, so that a host's own buffers need no `bshd<const float>`.
+/// Whether q, k or v of a call is a mutable view (the host's own buffer, posenc::bshd(float*, ...)).
+template <class Q, class K, class V>
+concept mutable_inputs = !std::is_const_v<Q> || !std::is_const_v<K> || !std::is_const_v<V>;
+
+/// Any of the above with q, k or v given as mutable views: the same call with const views of them, so
+/// that a host's own buffers need no `bshd<const float>`.
 template <class Q, class K, class V, class T, attention_encoding E = no_position>
-requires(!std::is_const_v<Q> || !std::is_const_v<K> ||
-         !std::is_const_v<V>) void attention(heads_view<Q> q, heads_view<K> k, heads_view<V> v, heads_view<T> out,
-                                             const E& enc = {}, const attention_options& opt = {}) {
+  requires mutable_inputs<Q, K, V>
+void attention(heads_view<Q> q, heads_view<K> k, heads_view<V> v, heads_view<T> out, const E& enc = {},
+               const attention_options& opt = {}) {
   attention(heads_view<const Q>(q), heads_view<const K>(k), heads_view<const V>(v), out, enc, opt);
 }
 
 /// Same, with lse.
 template <class Q, class K, class V, class T, attention_encoding E = no_position>
-requires(!std::is_const_v<Q> || !std::is_const_v<K> ||
-         !std::is_const_v<V>) void attention(heads_view<Q> q, heads_view<K> k, heads_view<V> v, heads_view<T> out,
-                                             tensor_map<T, 3> lse, const E& enc = {},
-                                             const attention_options& opt = {}) {
+  requires mutable_inputs<Q, K, V>
+void attention(heads_view<Q> q, heads_view<K> k, heads_view<V> v, heads_view<T> out, tensor_map<T, 3> lse,
+               const E& enc = {}, const attention_options& opt = {}) {
   attention(heads_view<const Q>(q), heads_view<const K>(k), heads_view<const V>(v), out, lse, enc, opt);
 }
 

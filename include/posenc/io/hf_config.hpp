@@ -437,8 +437,8 @@ inline void read_mla_heads(const json& cfg, model_attention_config& a) {
   a.head_dim = nope + rope;
   a.value_head_dim = get<index_t>(cfg, {"v_head_dim"}).value_or(a.head_dim);
   require(a.value_head_dim > 0, "v_head_dim", "must be > 0", a.value_head_dim);
-  const json* block = find_key(cfg, {"rope_parameters", "rope_scaling"});
-  if (block == nullptr || !block->is_object()) return;
+  const json* block = rope_block(cfg, "full_attention");
+  if (block == nullptr) return;
   const double m_all = get<double>(*block, {"mscale_all_dim"}).value_or(0.0);
   if (m_all == 0.0) return;
   const double factor = need<double>(*block, {"factor"}, "DeepSeek attention with mscale_all_dim");

@@ -56,42 +56,53 @@ static_assert(std::endian::native == std::endian::little,
 /// lists (tensor_info::format_dtype names it).
 enum class dtype { f64, f32, f16, bf16, i64, i32, other };
 
-/// The format's name of a dtype ("F64", ...).
+namespace detail {
+
+struct format_dtype {
+  std::string_view name;
+  dtype type;
+  std::size_t bytes;
+};
+
+/// The dtypes of the format (safetensors' Dtype, whole-byte ones) and their element sizes; the first
+/// six are the ones posenc converts.
+inline constexpr format_dtype format_dtypes[] = {
+    {"F64", dtype::f64, 8},   {"F32", dtype::f32, 4},       {"F16", dtype::f16, 2},       {"BF16", dtype::bf16, 2},
+    {"I64", dtype::i64, 8},   {"I32", dtype::i32, 4},       {"BOOL", dtype::other, 1},    {"U8", dtype::other, 1},
+    {"I8", dtype::other, 1},  {"F8_E4M3", dtype::other, 1}, {"F8_E5M2", dtype::other, 1}, {"F8_E8M0", dtype::other, 1},
+    {"I16", dtype::other, 2}, {"U16", dtype::other, 2},     {"U32", dtype::other, 4},     {"U64", dtype::other, 8},
+    {"C64", dtype::other, 8}};
+
+/// The table's entry of a format name, or null.
+[[nodiscard]] inline const format_dtype* parse_dtype(std::string_view s) {
+  for (const auto& d : format_dtypes)
+    if (s == d.name) return &d;
+  return nullptr;
+}
+
+/// "F64, F32, ...": the names of the dtypes posenc converts (`all`: every dtype of the format).
+[[nodiscard]] inline std::string dtype_names(bool all) {
+  std::string out;
+  for (const auto& d : format_dtypes)
+    if (all || d.type != dtype::other) out += (out.empty() ? "" : ", ") + std::string(d.name);
+  return out;
+}
+
+}  // namespace detail
+
+/// The format's name of a dtype ("F64", ...; "other" for dtype::other, whose tensors name their own).
 [[nodiscard]] inline std::string_view dtype_name(dtype t) {
-  switch (t) {
-    case dtype::f64:
-      return "F64";
-    case dtype::f32:
-      return "F32";
-    case dtype::f16:
-      return "F16";
-    case dtype::bf16:
-      return "BF16";
-    case dtype::i64:
-      return "I64";
-    case dtype::i32:
-      return "I32";
-    case dtype::other:
-      return "other";
-  }
+  if (t == dtype::other) return "other";
+  for (const auto& d : detail::format_dtypes)
+    if (d.type == t) return d.name;
   return "?";
 }
 
-/// Bytes per element.
+/// Bytes per element (0 for dtype::other: tensor_info::element_bytes()).
 [[nodiscard]] inline std::size_t dtype_size(dtype t) {
-  switch (t) {
-    case dtype::f64:
-    case dtype::i64:
-      return 8;
-    case dtype::f32:
-    case dtype::i32:
-      return 4;
-    case dtype::f16:
-    case dtype::bf16:
-      return 2;
-    case dtype::other:
-      return 0;  // per name: tensor_info::element_bytes
-  }
+  if (t == dtype::other) return 0;
+  for (const auto& d : detail::format_dtypes)
+    if (d.type == t) return d.bytes;
   return 0;
 }
 
@@ -126,26 +137,6 @@ inline constexpr std::uint64_t max_header_bytes = 100'000'000;
 
 [[noreturn]] inline void fail(const std::string& source, const std::string& what) {
   throw error("posenc: safetensors " + source + ": " + what);
-}
-
-struct format_dtype {
-  std::string_view name;
-  dtype type;
-  std::size_t bytes;
-};
-
-/// The dtypes of the format (safetensors' Dtype, whole-byte ones) and their element sizes.
-inline constexpr format_dtype format_dtypes[] = {
-    {"F64", dtype::f64, 8},   {"F32", dtype::f32, 4},       {"F16", dtype::f16, 2},       {"BF16", dtype::bf16, 2},
-    {"I64", dtype::i64, 8},   {"I32", dtype::i32, 4},       {"BOOL", dtype::other, 1},    {"U8", dtype::other, 1},
-    {"I8", dtype::other, 1},  {"F8_E4M3", dtype::other, 1}, {"F8_E5M2", dtype::other, 1}, {"F8_E8M0", dtype::other, 1},
-    {"I16", dtype::other, 2}, {"U16", dtype::other, 2},     {"U32", dtype::other, 4},     {"U64", dtype::other, 8},
-    {"C64", dtype::other, 8}};
-
-[[nodiscard]] inline const format_dtype* parse_dtype(std::string_view s) {
-  for (const auto& d : format_dtypes)
-    if (s == d.name) return &d;
-  return nullptr;
 }
 
 /// Read one element of type `from` at `p` (unaligned) as T. Float <-> integer conversions are refused
@@ -196,7 +187,6 @@ struct tensor_info {
   std::string name;
   io::dtype dtype = io::dtype::f64;
   std::string format_dtype = "F64";  ///< the header's name (F32, U8, F8_E4M3, ...)
-  std::size_t element_bytes = 8;
   std::vector<std::int64_t> shape;   ///< row-major; [] = a scalar (one element)
   std::uint64_t begin = 0, end = 0;  ///< byte offsets into the data buffer
 
@@ -206,6 +196,7 @@ struct tensor_info {
     return n;
   }
   [[nodiscard]] int rank() const { return static_cast<int>(shape.size()); }
+  [[nodiscard]] std::size_t element_bytes() const { return detail::parse_dtype(format_dtype)->bytes; }
 };
 
 /// A parsed and validated safetensors file, held in memory.
@@ -270,7 +261,7 @@ class safetensors_file {
   [[nodiscard]] std::vector<T> values(const std::string& name) const {
     const auto& t = info(name);
     check_convertible<T>(t);
-    const std::size_t n = static_cast<std::size_t>(t.numel()), w = t.element_bytes;
+    const std::size_t n = static_cast<std::size_t>(t.numel()), w = t.element_bytes();
     std::vector<T> v(n);
     const unsigned char* p = bytes_.data() + data_start_ + t.begin;
     if (t.dtype == dtype_of<T>()) {
@@ -312,8 +303,8 @@ class safetensors_file {
     constexpr dtype want = dtype_of<T>();
     if (t.dtype == dtype::other)
       detail::fail(source_, "tensor '" + t.name + "': stored as " + t.format_dtype +
-                                ", which posenc does not convert (it reads F64, F32, F16, BF16, I64, I32; bytes() "
-                                "gives the raw payload)");
+                                ", which posenc does not convert (it reads " + detail::dtype_names(false) +
+                                "; bytes() gives the raw payload)");
     if (is_floating(want) != is_floating(t.dtype) || want == dtype::f16 || want == dtype::bf16) {
       if (t.dtype == want) return;
       detail::fail(source_, "tensor '" + t.name + "': stored as " + std::string(dtype_name(t.dtype)) +
@@ -374,7 +365,7 @@ class safetensors_file {
     std::uint64_t covered = 0;
     const tensor_info* last = nullptr;
     for (const tensor_info* t : by_offset) {
-      if (last != nullptr && t->begin < covered)
+      if (t->begin < covered)
         detail::fail(src, "tensor '" + t->name + "': data_offsets [" + std::to_string(t->begin) + ", " +
                               std::to_string(t->end) + ") overlap tensor '" + last->name + "' [" +
                               std::to_string(last->begin) + ", " + std::to_string(last->end) + ")");
@@ -400,13 +391,9 @@ class safetensors_file {
     if (!e.contains("dtype") || !e.at("dtype").is_string()) bad("missing string field 'dtype'");
     const auto ds = e.at("dtype").get<std::string>();
     const detail::format_dtype* fd = detail::parse_dtype(ds);
-    if (fd == nullptr)
-      bad("unknown dtype '" + ds +
-          "' (the format's: F64, F32, F16, BF16, I64, I32, BOOL, U8, I8, I16, U16, U32, U64, F8_E4M3, F8_E5M2, "
-          "F8_E8M0, C64)");
+    if (fd == nullptr) bad("unknown dtype '" + ds + "' (the format's: " + detail::dtype_names(true) + ")");
     t.dtype = fd->type;
     t.format_dtype = ds;
-    t.element_bytes = fd->bytes;
     if (!e.contains("shape") || !e.at("shape").is_array()) bad("missing array field 'shape'");
     std::uint64_t numel = 1;
     for (const auto& s : e.at("shape")) {
@@ -429,7 +416,7 @@ class safetensors_file {
     if (t.end > data_size)
       bad("data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) +
           "] reach beyond the data buffer of " + std::to_string(data_size) + " bytes");
-    const std::uint64_t want = numel * t.element_bytes;
+    const std::uint64_t want = numel * fd->bytes;
     if (t.end - t.begin != want)
       bad("data_offsets span " + std::to_string(t.end - t.begin) + " bytes but shape " + e.at("shape").dump() + " of " +
           ds + " needs " + std::to_string(want));
@@ -469,7 +456,7 @@ class safetensors_writer {
     require(!name.empty() && name != "__metadata__", "safetensors_writer",
             "tensor name must be non-empty and not __metadata__", name);
     require(entries_.count(name) == 0, "safetensors_writer", "duplicate tensor name", name);
-    require(stored != dtype::other, "safetensors_writer", "writes F64, F32, F16, BF16, I64 or I32, not dtype::other",
+    require(stored != dtype::other, "safetensors_writer", "writes " + detail::dtype_names(false) + ", not dtype::other",
             name);
     require(is_floating(stored) == is_floating(dtype_of<T>()), "safetensors_writer",
             "cannot convert between integer and float dtypes", name, ": ", dtype_name(dtype_of<T>()), " -> ",
