@@ -3,9 +3,12 @@
 // reader and the independent tests/golden.hpp reader, and the malformed-file set, each with the rule it
 // breaks named in the error.
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,17 +39,45 @@ void append(bytes_t& b, T x) {
   b.insert(b.end(), raw, raw + sizeof(T));
 }
 
-/// Parse and expect a posenc::error whose message contains every fragment.
-void expect_error(const bytes_t& file, std::initializer_list<std::string> fragments) {
-  try {
-    (void)safetensors_file::parse(file, "case.safetensors");
-    FAIL("no error thrown");
-  } catch (const posenc::error& e) {
-    const std::string msg = e.what();
-    INFO(msg);
-    CHECK(msg.find("case.safetensors") != std::string::npos);
-    for (const auto& f : fragments) CHECK(msg.find(f) != std::string::npos);
+/// A file in the temporary directory, removed when the test leaves its scope.
+struct temp_file {
+  explicit temp_file(const std::string& name, const bytes_t& bytes)
+      : path(std::filesystem::temp_directory_path() /
+             (name + "." + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()))) {
+    std::ofstream(path, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
   }
+  temp_file(const temp_file&) = delete;
+  temp_file& operator=(const temp_file&) = delete;
+  ~temp_file() { std::filesystem::remove(path); }
+  std::filesystem::path path;
+};
+
+/// The message of the posenc::error that f throws (a failed check when it throws none).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const posenc::error& e) {
+    return e.what();
+  }
+  FAIL("no error thrown");
+  return {};
+}
+
+/// Parse and expect a posenc::error whose message contains every fragment; the same file written to
+/// disk and read mapped and into memory gives the same message (but the source's name).
+void expect_error(const bytes_t& file, std::initializer_list<std::string> fragments) {
+  const std::string msg = error_of([&] { (void)safetensors_file::parse(file, "case.safetensors"); });
+  INFO(msg);
+  CHECK(msg.find("case.safetensors") != std::string::npos);
+  for (const auto& f : fragments) CHECK(msg.find(f) != std::string::npos);
+  const temp_file disk("posenc_test_malformed.safetensors", file);
+  std::string on_disk = msg;
+  if (const auto at = on_disk.find("case.safetensors"); at != std::string::npos)
+    on_disk.replace(at, std::string("case.safetensors").size(), disk.path.string());
+  CHECK(error_of([&] { (void)posenc::io::read_safetensors(disk.path); }) == on_disk);
+  CHECK(error_of([&] { (void)posenc::io::read_safetensors(disk.path, {.memory_map = false}); }) == on_disk);
 }
 
 }  // namespace
@@ -184,6 +215,45 @@ TEST_CASE("safetensors: round trip of every dtype through a file", "[io][safeten
   CHECK(e(1, 0, 2) == 1.25f);
 }
 
+TEST_CASE("safetensors: a mapped file reads as the same file held in memory, and outlives its name",
+          "[io][safetensors]") {
+  // Unaligned payloads (an F16 of 3 elements shifts every later offset by 6 bytes) of every dtype.
+  safetensors_writer w;
+  const std::vector<double> x{0.5, -2.0, 3.25, 1e-3, -7.0, 65504.0, 0.0};
+  w.add_as<double>("a_f16", dtype::f16, {3}, {x.begin(), x.begin() + 3});
+  w.add<double>("b_f64", {7}, x);
+  w.add_as<double>("c_bf16", dtype::bf16, {7}, x);
+  w.add_as<double>("d_f32", dtype::f32, {7, 1}, x);
+  w.add<std::int64_t>("e_i64", {2}, std::vector<std::int64_t>{-3, INT64_C(1) << 40});
+  w.add_as<std::int64_t>("f_i32", dtype::i32, {1}, std::vector<std::int64_t>{12});
+  w.metadata("format", "pt");
+  const auto image = w.bytes();
+  std::optional<temp_file> disk(std::in_place, "posenc_test_mapped.safetensors", image);
+
+  const auto in_memory = safetensors_file::parse(image);
+  const auto read = posenc::io::read_safetensors(disk->path, {.memory_map = false});
+  auto mapped = std::make_optional(posenc::io::read_safetensors(disk->path));
+  CHECK_FALSE(in_memory.mapped());
+  CHECK_FALSE(read.mapped());
+  CHECK(mapped->mapped() == (POSENC_SAFETENSORS_MMAP == 1));
+  const auto copy = *mapped;  // shares the mapping
+  mapped.reset();
+  disk.reset();  // the name goes; a mapping keeps the file's pages
+  REQUIRE(copy.names() == in_memory.names());
+  CHECK(copy.metadata() == in_memory.metadata());
+  for (const auto& name : in_memory.names()) {
+    INFO(name);
+    const auto a = in_memory.bytes(name), b = copy.bytes(name), c = read.bytes(name);
+    CHECK(std::vector<unsigned char>(b.begin(), b.end()) == std::vector<unsigned char>(a.begin(), a.end()));
+    CHECK(std::vector<unsigned char>(c.begin(), c.end()) == std::vector<unsigned char>(a.begin(), a.end()));
+    if (in_memory.info(name).dtype == dtype::i64 || in_memory.info(name).dtype == dtype::i32)
+      CHECK(copy.values<std::int64_t>(name) == in_memory.values<std::int64_t>(name));
+    else
+      CHECK(copy.values<double>(name) == in_memory.values<double>(name));
+  }
+  CHECK(copy.values<double>("b_f64") == x);
+}
+
 TEST_CASE("safetensors: a golden file reads the same as with the independent test reader", "[io][safetensors]") {
   const std::string path = std::string(POSENC_TEST_DATA) + "/t5_decoder_32_128_decode_step_pos199.safetensors";
   const auto f = posenc::io::read_safetensors(path);
@@ -209,6 +279,9 @@ TEST_CASE("safetensors: malformed files give errors naming the violation", "[io]
 
   SECTION("truncated before the length") {
     expect_error(bytes_t{1, 0, 0}, {"truncated"});
+  }
+  SECTION("empty") {
+    expect_error(bytes_t{}, {"truncated: 0 bytes"});
   }
   SECTION("truncated payload") {
     expect_error(make_file(ok, bytes_t(eight.begin(), eight.begin() + 5)), {"'x'", "beyond the data buffer"});

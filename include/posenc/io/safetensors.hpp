@@ -24,6 +24,11 @@
 // is refused. The writer produces the
 // canonical form: names sorted, payloads packed back to back in that order, header right-padded with
 // spaces to a multiple of 8 bytes.
+//
+// Reading a file maps it (POSIX mmap, read-only) where the platform has it, so opening a multi-GB
+// checkpoint to take a few tensors from it reads the header and those tensors' pages, not the file
+// (what the reference implementation's safe_open does); elsewhere, or on request, the file is read
+// into memory.
 #pragma once
 
 #include <Eigen/Core>
@@ -35,6 +40,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <span>
@@ -46,6 +52,16 @@
 #include <vector>
 
 #include "posenc/error.hpp"
+
+#if __has_include(<sys/mman.h>) && __has_include(<sys/stat.h>) && __has_include(<fcntl.h>) && __has_include(<unistd.h>)
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#define POSENC_SAFETENSORS_MMAP 1
+#else
+#define POSENC_SAFETENSORS_MMAP 0
+#endif
 
 namespace posenc::io {
 
@@ -139,6 +155,58 @@ inline constexpr std::uint64_t max_header_bytes = 100'000'000;
   throw error("posenc: safetensors " + source + ": " + what);
 }
 
+/// The bytes of a safetensors file: an image held in memory, or a read-only mapping of the file,
+/// unmapped when the last safetensors_file sharing it is gone.
+class file_image {
+ public:
+  explicit file_image(std::vector<unsigned char> bytes)
+      : owned_(std::move(bytes)), data_(owned_.data()), size_(owned_.size()) {}
+  file_image(const file_image&) = delete;
+  file_image& operator=(const file_image&) = delete;
+  ~file_image() {
+#if POSENC_SAFETENSORS_MMAP
+    if (mapped_) ::munmap(const_cast<unsigned char*>(data_), size_);
+#endif
+  }
+
+  /// The file mapped read-only, or null where it cannot be (no mmap on this platform, not a regular
+  /// file, empty, or refused by the file system): the caller reads it instead, with its own errors.
+  [[nodiscard]] static std::shared_ptr<const file_image> map(const std::filesystem::path& path) {
+#if POSENC_SAFETENSORS_MMAP
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return nullptr;
+    struct stat st {};
+    void* p = MAP_FAILED;
+    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0)
+      p = ::mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+    ::close(fd);  // the mapping keeps the file
+    if (p == MAP_FAILED) return nullptr;
+    return std::shared_ptr<const file_image>(
+        new file_image(static_cast<const unsigned char*>(p), static_cast<std::size_t>(st.st_size)));
+#else
+    (void)path;
+    return nullptr;
+#endif
+  }
+
+  [[nodiscard]] const unsigned char* data() const {
+    return data_;
+  }
+  [[nodiscard]] std::size_t size() const {
+    return size_;
+  }
+  [[nodiscard]] bool mapped() const {
+    return mapped_;
+  }
+
+ private:
+  file_image(const unsigned char* p, std::size_t n) : data_(p), size_(n), mapped_(true) {}
+  std::vector<unsigned char> owned_;
+  const unsigned char* data_ = nullptr;
+  std::size_t size_ = 0;
+  bool mapped_ = false;
+};
+
 /// Read one element of type `from` at `p` (unaligned) as T. Float <-> integer conversions are refused
 /// by the caller; here only widening/narrowing within a family happens.
 template <class T>
@@ -199,14 +267,27 @@ struct tensor_info {
   [[nodiscard]] std::size_t element_bytes() const { return detail::parse_dtype(format_dtype)->bytes; }
 };
 
-/// A parsed and validated safetensors file, held in memory.
+/// How safetensors_file::read reads a file.
+struct safetensors_read_options {
+  /// Map the file read-only where the platform has mmap (the pages of the header and of the tensors
+  /// read are all that is loaded); false: read the whole file into memory.
+  bool memory_map = true;
+};
+
+/// A parsed and validated safetensors file, mapped or held in memory; copies share it.
 class safetensors_file {
  public:
-  /// Read and validate a file (the whole file is read into memory).
-  [[nodiscard]] static safetensors_file read(const std::filesystem::path& path) {
+  /// Read and validate a file: mapped read-only where the platform has mmap (unless
+  /// options.memory_map is false), otherwise read into memory. A mapped file must not be truncated
+  /// or rewritten while this object or a copy of it lives (a read of a vanished page is a SIGBUS, as
+  /// with any mapping); read it into memory when another process may change it.
+  [[nodiscard]] static safetensors_file read(const std::filesystem::path& path,
+                                             const safetensors_read_options& options = {}) {
     // A directory opens as a stream on Linux, and its "size" would be taken for gigabytes of data.
     std::error_code ec;
     require(!std::filesystem::is_directory(path, ec), "safetensors", "must be a file, not a directory", path.string());
+    if (options.memory_map)
+      if (auto image = detail::file_image::map(path)) return from_image(std::move(image), path.string());
     std::ifstream f(path, std::ios::binary);
     require(static_cast<bool>(f), "safetensors", "cannot open file", path.string());
     f.seekg(0, std::ios::end);
@@ -221,13 +302,11 @@ class safetensors_file {
 
   /// Validate an in-memory file image. `source` names it in error messages.
   [[nodiscard]] static safetensors_file parse(std::vector<unsigned char> bytes, std::string source = "<memory>") {
-    safetensors_file out;
-    out.source_ = std::move(source);
-    out.bytes_ = std::move(bytes);
-    out.validate();
-    return out;
+    return from_image(std::make_shared<const detail::file_image>(std::move(bytes)), std::move(source));
   }
 
+  /// Whether the file is mapped (read), rather than held in memory.
+  [[nodiscard]] bool mapped() const { return image_->mapped(); }
   [[nodiscard]] const std::string& source() const { return source_; }
   [[nodiscard]] bool contains(const std::string& name) const { return index_.count(name) != 0; }
   /// Tensor names, sorted.
@@ -251,7 +330,7 @@ class safetensors_file {
   /// The raw little-endian payload (unaligned; copy with memcpy).
   [[nodiscard]] std::span<const unsigned char> bytes(const std::string& name) const {
     const auto& t = info(name);
-    return {bytes_.data() + data_start_ + t.begin, static_cast<std::size_t>(t.end - t.begin)};
+    return {image_->data() + data_start_ + t.begin, static_cast<std::size_t>(t.end - t.begin)};
   }
 
   /// The values as T, row-major. T = double or float accepts every float dtype (F16/BF16 are widened
@@ -263,7 +342,7 @@ class safetensors_file {
     check_convertible<T>(t);
     const std::size_t n = static_cast<std::size_t>(t.numel()), w = t.element_bytes();
     std::vector<T> v(n);
-    const unsigned char* p = bytes_.data() + data_start_ + t.begin;
+    const unsigned char* p = image_->data() + data_start_ + t.begin;
     if (t.dtype == dtype_of<T>()) {
       if (n) std::memcpy(v.data(), p, n * w);
       return v;
@@ -312,19 +391,30 @@ class safetensors_file {
     }
   }
 
+  [[nodiscard]] static safetensors_file from_image(std::shared_ptr<const detail::file_image> image,
+                                                   std::string source) {
+    safetensors_file out;
+    out.source_ = std::move(source);
+    out.image_ = std::move(image);
+    out.validate();
+    return out;
+  }
+
   void validate() {
     const std::string& src = source_;
-    if (bytes_.size() < 8)
-      detail::fail(src, "truncated: " + std::to_string(bytes_.size()) + " bytes, the 8-byte header length is missing");
+    const unsigned char* bytes = image_->data();
+    const std::size_t size = image_->size();
+    if (size < 8)
+      detail::fail(src, "truncated: " + std::to_string(size) + " bytes, the 8-byte header length is missing");
     std::uint64_t n = 0;
-    for (int i = 7; i >= 0; --i) n = (n << 8) | bytes_[static_cast<std::size_t>(i)];
+    for (int i = 7; i >= 0; --i) n = (n << 8) | bytes[i];
     if (n > detail::max_header_bytes)
       detail::fail(src, "header length " + std::to_string(n) + " exceeds the 100 MB limit");
-    if (n > bytes_.size() - 8)
-      detail::fail(src, "header length " + std::to_string(n) + " extends beyond the file (" +
-                            std::to_string(bytes_.size() - 8) + " bytes after the length)");
+    if (n > size - 8)
+      detail::fail(src, "header length " + std::to_string(n) + " extends beyond the file (" + std::to_string(size - 8) +
+                            " bytes after the length)");
     data_start_ = 8 + static_cast<std::size_t>(n);
-    const std::uint64_t data_size = bytes_.size() - data_start_;
+    const std::uint64_t data_size = size - data_start_;
 
     nlohmann::json header;
     std::set<std::string> seen;  // a repeated name would silently keep its last entry
@@ -336,8 +426,7 @@ class safetensors_file {
       return true;
     };
     try {
-      header = nlohmann::json::parse(bytes_.begin() + 8, bytes_.begin() + static_cast<std::ptrdiff_t>(data_start_),
-                                     note_names);
+      header = nlohmann::json::parse(bytes + 8, bytes + data_start_, note_names);
     } catch (const nlohmann::json::exception& e) {
       detail::fail(src, std::string("header is not valid JSON: ") + e.what());
     }
@@ -424,15 +513,16 @@ class safetensors_file {
   }
 
   std::string source_;
-  std::vector<unsigned char> bytes_;
+  std::shared_ptr<const detail::file_image> image_;
   std::size_t data_start_ = 0;
   std::map<std::string, tensor_info> index_;
   std::map<std::string, std::string> metadata_;
 };
 
-/// Read and validate a safetensors file.
-[[nodiscard]] inline safetensors_file read_safetensors(const std::filesystem::path& path) {
-  return safetensors_file::read(path);
+/// Read and validate a safetensors file (mapped where the platform has mmap: safetensors_file::read).
+[[nodiscard]] inline safetensors_file read_safetensors(const std::filesystem::path& path,
+                                                       const safetensors_read_options& options = {}) {
+  return safetensors_file::read(path, options);
 }
 
 /// Builds a safetensors file: add tensors in any order, then bytes() or write(path).
