@@ -44,6 +44,7 @@ struct config {
   bool causal = false;
   padding pad = padding::none;
   offset off = offset::none;
+  Index window = 0;  ///< sliding window (causal only), 0 = none
   Index q_block = 0, k_block = 0;
   unsigned seed = 1;
   double scale_inputs = 1.0;
@@ -55,8 +56,8 @@ std::string describe(const config& c) {
          " H=" + std::to_string(c.H) + "/" + std::to_string(c.Hkv) + " D=" + std::to_string(c.D) +
          " Dv=" + std::to_string(c.Dv) + (c.order == layout::bshd ? " bshd" : " bhsd") +
          (c.causal ? " causal" : "") + " pad=" + std::to_string(static_cast<int>(c.pad)) +
-         " off=" + std::to_string(static_cast<int>(c.off)) + " blocks=" + std::to_string(c.q_block) + "x" +
-         std::to_string(c.k_block) +
+         " off=" + std::to_string(static_cast<int>(c.off)) + " W=" + std::to_string(c.window) +
+         " blocks=" + std::to_string(c.q_block) + "x" + std::to_string(c.k_block) +
          (c.path == posenc::attention_path::decode ? " decode" : c.path == posenc::attention_path::tiled ? " tiled" : "");
 }
 
@@ -103,6 +104,7 @@ struct problem {
   [[nodiscard]] posenc::attention_options options() const {
     posenc::attention_options o;
     o.causal = c.causal;
+    o.sliding_window = c.window;
     o.q_block = c.q_block;
     o.k_block = c.k_block;
     if (c.off == offset::q_offset) o.q_offset = std::max<Index>(c.Sk - c.Sq, 0);  // KV cache
@@ -777,11 +779,25 @@ TEST_CASE("attention: value terms of tiles in one bucket (uniform_value_bucket) 
   }
 }
 
+// The last four: a sliding window at the end of a long cache, where the call leaves out the keys
+// before every query's window (detail::leading_keys_unseen) and the hooks must still see the
+// caller's key indices (distance_bias reads per-key data by tile.k_first) and positions (rotate_qk,
+// the position bias); kv_lengths cut row 1 to 150 keys, which W = 20 puts out of its queries' reach.
 TEST_CASE("attention: every hook at once, with the encoding's own logit scale", "[kernel]") {
   for (config c : {config{.B = 2, .Sq = 65, .Sk = 257, .H = 4, .Hkv = 2, .causal = true, .pad = padding::mask,
                           .off = offset::q_offset, .q_block = 16, .k_block = 32},
                    config{.B = 3, .Sq = 37, .Sk = 37, .H = 2, .Hkv = 2, .order = layout::bhsd,
-                          .pad = padding::lengths, .off = offset::shuffled_keys}}) {
+                          .pad = padding::lengths, .off = offset::shuffled_keys},
+                   config{.B = 3, .Sq = 3, .Sk = 300, .H = 4, .Hkv = 2, .causal = true, .pad = padding::lengths,
+                          .off = offset::q_offset, .window = 20},
+                   config{.B = 3, .Sq = 3, .Sk = 300, .H = 4, .Hkv = 2, .causal = true, .pad = padding::lengths,
+                          .off = offset::q_offset, .window = 200, .k_block = 32,
+                          .path = posenc::attention_path::tiled},
+                   config{.B = 3, .Sq = 40, .Sk = 300, .H = 2, .Hkv = 1, .order = layout::bhsd, .causal = true,
+                          .pad = padding::lengths, .off = offset::q_offset, .window = 50, .q_block = 16,
+                          .k_block = 32},
+                   config{.B = 2, .Sq = 1, .Sk = 3000, .H = 4, .Hkv = 1, .causal = true, .off = offset::q_offset,
+                          .window = 7}}) {
     const problem p(c);
     all_hooks enc{.rot = {}, .bias = {}, .rel = relative_terms(2, c.D, 3), .val = relative_values(3, c.H, c.Dv, 5)};
     posenc::reference_terms<double> terms;

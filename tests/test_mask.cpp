@@ -30,7 +30,9 @@ namespace {
 
 constexpr double inf = std::numeric_limits<double>::infinity();
 
-enum class keys { ascending, shuffled };
+/// Key positions: their indices (ascending), shuffled positions for queries and keys, or the keys by
+/// index and the queries at explicit positions (queries_positioned: q_offset + i, in reverse order).
+enum class keys { ascending, shuffled, queries_positioned };
 
 struct dcase {
   Index B = 2, Sq = 37, Sk = 37, H = 4, Hkv = 2, D = 16, Dv = 12;
@@ -41,6 +43,7 @@ struct dcase {
   double softcap = 0;
   std::vector<double> sinks{};
   bool attention_mask = false, key_padding_mask = false;
+  std::vector<Index> kv_lengths{};
   keys key_order = keys::ascending;
   Index q_block = 0, k_block = 0;
   double input_scale = 1.0;
@@ -54,7 +57,9 @@ std::string describe(const dcase& c) {
          " W=" + std::to_string(c.window) + " softcap=" + std::to_string(c.softcap) +
          " sinks=" + std::to_string(c.sinks.size()) + " attention_mask=" + std::to_string(c.attention_mask) +
          " key_padding_mask=" + std::to_string(c.key_padding_mask) +
-         (c.key_order == keys::shuffled ? " shuffled keys" : "") + " blocks=" + std::to_string(c.q_block) + "x" +
+         (c.key_order == keys::shuffled ? " shuffled keys" : "") +
+         (c.key_order == keys::queries_positioned ? " query positions" : "") +
+         " kv_lengths=" + std::to_string(c.kv_lengths.size()) + " blocks=" + std::to_string(c.q_block) + "x" +
          std::to_string(c.k_block);
 }
 
@@ -90,6 +95,11 @@ struct problem {
         std::shuffle(k_pos.begin() + b * c.Sk, k_pos.begin() + (b + 1) * c.Sk, rng);
       }
     }
+    if (c.key_order == keys::queries_positioned) {
+      q_pos.resize(static_cast<std::size_t>(c.B * c.Sq));
+      for (Index b = 0; b < c.B; ++b)
+        for (Index i = 0; i < c.Sq; ++i) q_pos[static_cast<std::size_t>(b * c.Sq + i)] = c.q_offset + c.Sq - 1 - i;
+    }
   }
 
   [[nodiscard]] posenc::attention_options options() const {
@@ -104,10 +114,9 @@ struct problem {
     o.path = c.path;
     if (!am.empty()) o.attention_mask = posenc::tensor_map<const std::int64_t, 2>(am.data(), c.B, c.Sk);
     if (!kpm.empty()) o.key_padding_mask = posenc::tensor_map<const std::int64_t, 2>(kpm.data(), c.B, c.Sk);
-    if (!q_pos.empty()) {
-      o.q_positions = posenc::positions_view(q_pos.data(), c.B, c.Sq);
-      o.k_positions = posenc::positions_view(k_pos.data(), c.B, c.Sk);
-    }
+    if (!q_pos.empty()) o.q_positions = posenc::positions_view(q_pos.data(), c.B, c.Sq);
+    if (!k_pos.empty()) o.k_positions = posenc::positions_view(k_pos.data(), c.B, c.Sk);
+    o.kv_lengths = c.kv_lengths;
     return o;
   }
 };
@@ -360,6 +369,100 @@ TEST_CASE("sliding window: key blocks before every query's window are never comp
   CHECK(*probe.tiles == bound);
   const result want = run_reference<double>(p, {});
   expect_close<double>(got.out, want.out, "out");
+}
+
+// A window at the end of a long cache: the call holds only the keys from the first one some query's
+// window reaches (detail::leading_keys_unseen), and must give what the reference gives over all of
+// them: positions by index (ALiBi), the caller's key indices in the tiles (wavy_terms reads
+// tile.k_first), kv_lengths that end before or inside the window, padding masks, queries at explicit
+// positions, and queries past every key's window (rows of zeros, lse -inf).
+TEST_CASE("sliding window: the keys before every query's window are left out of the call", "[kernel]") {
+  posenc::reference_terms<double> wavy;
+  wavy.score_term = [](Index, Index h, Index i, Index j) { return term_formula(h, i, j); };
+  for (const Index Sq : {1, 3})
+    for (const Index W : {1, 9, 40}) {
+      dcase c;
+      c.Sk = 300;
+      c.Sq = Sq;
+      c.q_offset = c.Sk - Sq;
+      c.window = W;
+      c.k_block = 32;
+      c.kv_lengths = {300, 280};  // row 1 ends 20 keys before its queries: W = 1 and 9 leave it nothing
+      check(c);
+      c.kv_lengths.clear();
+      check(c, wavy_terms{}, wavy);
+      c.attention_mask = c.key_padding_mask = true;  // padding read at the caller's key indices
+      check(c);
+      c.attention_mask = c.key_padding_mask = false;
+      const problem p(c);
+      check(c, posenc::alibi(posenc::alibi_config{.heads = 4}), alibi_reference(p));
+      c.key_order = keys::queries_positioned;
+      c.sinks = {0.5, -1.0, 2.0, -inf};
+      check(c);
+    }
+  dcase c;
+  c.Sk = 200;
+  c.Sq = 2;
+  c.q_offset = 260;  // 61 and more past the last key
+  c.window = 50;
+  check(c);
+  c.window = 62;  // the query at 260 reaches key 199, the one at 261 none
+  check(c);
+}
+
+TEST_CASE("leading_keys_unseen: no query sees a key it leaves out, and it leaves out all it can", "[kernel]") {
+  std::mt19937 rng(5);
+  for (int n = 0; n < 4000; ++n) {
+    const Index B = 1 + n % 3, Sq = 1 + n % 5, Sk = std::uniform_int_distribution<Index>(0, 120)(rng);
+    const Index W = std::uniform_int_distribution<Index>(0, 60)(rng);
+    std::vector<std::int64_t> qp(static_cast<std::size_t>(B * Sq)), kp(static_cast<std::size_t>(B * Sk), 0),
+        mask(static_cast<std::size_t>(B * Sk), 1);
+    for (auto& x : qp) x = std::uniform_int_distribution<std::int64_t>(-10, 200)(rng);
+    for (Index j = 0; j < B * Sk; ++j) kp[static_cast<std::size_t>(j)] = j % std::max<Index>(Sk, 1);
+    posenc::attention_options opt;
+    opt.causal = n % 11 != 0;
+    opt.sliding_window = opt.causal ? W : 0;
+    opt.q_offset = std::uniform_int_distribution<std::int64_t>(-20, 200)(rng);
+    const int kind = n % 7;  // 0-2 plain, 3 query positions, 4 kv_lengths, 5 k_positions, 6 masks
+    if (kind == 3) opt.q_positions = posenc::positions_view(qp.data(), B, Sq);
+    std::vector<Index> lengths(static_cast<std::size_t>(B));
+    for (auto& x : lengths) x = std::uniform_int_distribution<Index>(0, Sk)(rng);
+    if (kind == 4) opt.kv_lengths = lengths;
+    if (kind == 5) opt.k_positions = posenc::positions_view(kp.data(), B, Sk);
+    std::vector<std::int64_t> padding(mask.size());
+    for (auto& x : mask) x = std::uniform_int_distribution<int>(0, 3)(rng) == 0 ? 0 : 1;
+    for (auto& x : padding) x = std::uniform_int_distribution<int>(0, 3)(rng) == 0 ? 5 : 0;
+    if (kind == 6) {
+      opt.attention_mask = posenc::tensor_map<const std::int64_t, 2>(mask.data(), B, Sk);       // 1 = token
+      opt.key_padding_mask = posenc::tensor_map<const std::int64_t, 2>(padding.data(), B, Sk);  // nonzero = padding
+    }
+    INFO("n = " << n << ", B = " << B << ", Sq = " << Sq << ", Sk = " << Sk << ", W = " << opt.sliding_window
+                << ", causal " << opt.causal << ", kind " << kind << ", q_offset " << opt.q_offset);
+    const auto full = posenc::detail::resolve_masks(opt, B, Sq, Sk);
+    const auto cut = posenc::detail::resolve_masks(opt, B, Sq, Sk, true);
+    const Index first = cut.k_first;
+    REQUIRE(first >= 0);
+    REQUIRE(first <= std::max<Index>(Sk - 1, 0));
+    CHECK(cut.k_len == Sk - first);
+    if (kind == 5 || !opt.causal || opt.sliding_window == 0) CHECK(first == 0);
+    // no query sees a key before `first`
+    bool seen = false;
+    for (Index b = 0; b < B; ++b)
+      for (Index i = 0; i < Sq; ++i)
+        for (Index j = 0; j < first; ++j) seen = seen || full.visible(b, i, j);
+    CHECK_FALSE(seen);
+    // maximal: key `first` is inside the window of the lowest query position (or one key is kept)
+    if (first > 0 && first < Sk - 1) CHECK(posenc::detail::causal_visible(full.q_min, first, opt.sliding_window));
+    if (first == 0 && kind != 5 && opt.causal && opt.sliding_window > 0 && Sk > 1)
+      CHECK(posenc::detail::window_start(full.q_min, opt.sliding_window) <= 0);
+    // the keys it holds: positions and validity of the caller's keys from `first` on
+    for (Index b = 0; b < B; ++b)
+      for (Index j = 0; j < cut.k_len; ++j) {
+        CHECK(cut.kp(b)[j] == full.kp(b)[first + j]);
+        CHECK(cut.kv(b)[j] == full.kv(b)[first + j]);
+      }
+    CHECK(cut.info(4, 2, 8, 8).k_first == first);
+  }
 }
 
 TEST_CASE("logit softcap: on q.k and score terms, before ALiBi's bias, large logits", "[kernel]") {

@@ -194,7 +194,13 @@ void attention_impl(heads_view<const T> q, heads_view<const KV> k, heads_view<co
             "lse", "must not overlap q, k, v or out");
   }
   check_logit_options(opt, H);
-  const call_masks masks = resolve_masks(opt, B, Sq, Sk);
+  // With a sliding window the keys before every query's window are left out of the call
+  // (leading_keys_unseen): both paths then see only the keys from masks.k_first on.
+  const call_masks masks = resolve_masks(opt, B, Sq, Sk, true);
+  if (masks.k_first > 0) {
+    k = k.slice_tokens(masks.k_first, masks.k_len);
+    v = v.slice_tokens(masks.k_first, masks.k_len);
+  }
   call_info info = masks.info(H, Hkv, D, Dv);
   info.scalar = std::is_same_v<T, double> ? scalar_type::float64 : scalar_type::float32;
   auto&& bound = bind_encoding(enc, info);

@@ -49,9 +49,12 @@ enum class scalar_type { float32, float64 };
 /// What `bind` sees, once per attention call, before any tile.
 struct call_info {
   index_t batch = 0, heads = 0, kv_heads = 0, q_len = 0, k_len = 0, head_dim = 0, value_dim = 0;
+  /// The call's keys are the caller's keys k_first .. k_first + k_len - 1: with a sliding window the
+  /// leading keys no query can see are left out (keys positioned by index; docs/masks.md).
+  index_t k_first = 0;
   scalar_type scalar = scalar_type::float32;  ///< the kernel's T: float32 for float, float64 for double
   positions_view q_positions{nullptr, 0, 0};  ///< [batch, q_len]
-  positions_view k_positions{nullptr, 0, 0};  ///< [batch, k_len]
+  positions_view k_positions{nullptr, 0, 0};  ///< [batch, k_len], the keys from k_first on
   std::int64_t q_min = 0, q_max = -1, k_min = 0, k_max = -1;  ///< position ranges (max < min: empty)
 };
 
@@ -59,7 +62,7 @@ struct call_info {
 template <class T>
 struct tile {
   index_t batch = 0, head = 0, kv_head = 0;
-  index_t q_first = 0, k_first = 0;  ///< index of the first query / key of the tile in its sequence
+  index_t q_first = 0, k_first = 0;  ///< index of the first query / key of the tile in the caller's q / k
   index_t rows = 0, cols = 0;
   const std::int64_t* q_pos = nullptr;  ///< [rows] absolute positions of the tile's queries
   const std::int64_t* k_pos = nullptr;  ///< [cols] absolute positions of the tile's keys

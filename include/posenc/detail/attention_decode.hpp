@@ -497,8 +497,9 @@ class decode_attention {
   void for_each_head(index_t b, index_t hk, const key_block& blk, const const_matrix_map<T>& k, matrix_map<T> s,
                      const typename decode_scratch<T>::group_state& gs, F&& f) const {
     const index_t n = blk.cols;
+    const index_t k_first = masks_.k_first + blk.first;  // the caller's index (leading_keys_unseen)
     for (index_t g = 0; g < group_; ++g) {
-      const posenc::tile<T> t{.batch = b, .head = hk * group_ + g, .kv_head = hk, .q_first = 0, .k_first = blk.first,
+      const posenc::tile<T> t{.batch = b, .head = hk * group_ + g, .kv_head = hk, .q_first = 0, .k_first = k_first,
                               .rows = q_len_, .cols = n, .q_pos = masks_.qp(b), .k_pos = masks_.kp(b) + blk.first,
                               .q = const_matrix_map<T>(gs.q_work.data() + g * q_len_ * dim_, q_len_, dim_,
                                                        Eigen::OuterStride<>(dim_)),

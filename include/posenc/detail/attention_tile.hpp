@@ -123,7 +123,8 @@ class tile_math {
       s.noalias() = q_scaled * in.ops.k.topRows(cols).transpose();
     }
 
-    const tile<T> t{.batch = in.b, .head = u.head, .kv_head = in.hk, .q_first = u.q0, .k_first = in.blk.first,
+    const index_t k_first = sched_.masks().k_first + in.blk.first;  // the caller's index (leading_keys_unseen)
+    const tile<T> t{.batch = in.b, .head = u.head, .kv_head = in.hk, .q_first = u.q0, .k_first = k_first,
                     .rows = rows, .cols = cols, .q_pos = u.q_pos, .k_pos = k_pos, .q = in.q,
                     .k = const_matrix_map<T>(in.ops.k.data(), std::min(cols, in.ops.k.rows()), dim_,
                                              Eigen::OuterStride<>(in.ops.k.outerStride()))};

@@ -40,6 +40,9 @@ namespace posenc::detail {
 /// Positions and key validity of a call, [batch, len] each, owned (O(L) per batch row).
 struct call_masks {
   index_t batch = 0, q_len = 0, k_len = 0;
+  /// The first of the caller's keys the call holds (leading_keys_unseen): its keys are the caller's
+  /// k_first .. k_first + k_len - 1, key j at the caller's index k_first + j.
+  index_t k_first = 0;
   bool causal = false;
   std::int64_t window = 0;             ///< sliding window (with causal), 0 = none
   std::vector<std::int64_t> q_pos;     ///< [batch * q_len]
@@ -63,6 +66,7 @@ struct call_masks {
     c.kv_heads = kv_heads;
     c.q_len = q_len;
     c.k_len = k_len;
+    c.k_first = k_first;
     c.head_dim = head_dim;
     c.value_dim = value_dim;
     c.q_positions = positions_view(q_pos.data(), batch, q_len);
@@ -75,8 +79,27 @@ struct call_masks {
   }
 };
 
+/// How many leading keys of a call no query can see, with nothing but their index to tell: with a
+/// sliding window and keys positioned by their index (no k_positions), the keys before the window of
+/// the lowest query position, k < q_min - W + 1, are before every query's window (padding only hides
+/// more keys). A decode step with W = 128 on a 32768-key cache would otherwise
+/// resolve, summarize and keep a softmax state for all of them (docs/performance.md › Per-call work
+/// that grows with the cache). At least one key is kept, so the call's shapes stay those of a call
+/// with keys. Call after the options are validated (resolve_masks does both).
+[[nodiscard]] inline index_t leading_keys_unseen(const attention_options& opt, index_t batch, index_t q_len,
+                                                 index_t k_len) {
+  if (!opt.causal || opt.sliding_window == 0 || opt.k_positions || batch * q_len == 0 || k_len <= 1) return 0;
+  std::int64_t q_min = opt.q_offset, q_max = 0;
+  if (opt.q_positions) position_range(opt.q_positions->data(), batch * q_len, q_min, q_max);
+  const std::int64_t first = window_start(q_min, opt.sliding_window);
+  return first <= 0 ? 0 : static_cast<index_t>(std::min<std::int64_t>(first, k_len - 1));
+}
+
 /// Validate the mask/position options against the shapes and resolve them (throws posenc::error).
-inline call_masks resolve_masks(const attention_options& opt, index_t batch, index_t q_len, index_t k_len) {
+/// `leave_unseen`: the call holds only the keys from leading_keys_unseen on (call_masks::k_first); the
+/// caller views k and v from there.
+inline call_masks resolve_masks(const attention_options& opt, index_t batch, index_t q_len, index_t k_len,
+                                bool leave_unseen = false) {
   if (opt.q_positions) {
     require(opt.q_positions->dimension(0) == batch && opt.q_positions->dimension(1) == q_len, "q_positions",
             "must be [batch, q_len]", "[", opt.q_positions->dimension(0), ", ", opt.q_positions->dimension(1),
@@ -113,10 +136,13 @@ inline call_masks resolve_masks(const attention_options& opt, index_t batch, ind
               opt.kv_lengths[b], " at batch ", b, ", k_len ", k_len);
   }
 
+  const index_t k_first = leave_unseen ? leading_keys_unseen(opt, batch, q_len, k_len) : 0;
+  k_len -= k_first;
   call_masks m;
   m.batch = batch;
   m.q_len = q_len;
   m.k_len = k_len;
+  m.k_first = k_first;
   m.causal = opt.causal;
   m.window = opt.sliding_window;
   // A decode step resolves its whole cache's keys every call: each array is filled by its own
@@ -136,16 +162,18 @@ inline call_masks resolve_masks(const attention_options& opt, index_t batch, ind
       for (index_t i = 0; i < nq; ++i) qp[i] = (*opt.q_positions)(b, i);
     else
       for (index_t i = 0; i < nq; ++i) qp[i] = opt.q_offset + i;
-    if (opt.k_positions)
+    if (opt.k_positions)  // k_first is 0 with k_positions
       for (index_t j = 0; j < nk; ++j) kp[j] = (*opt.k_positions)(b, j);
     else
-      for (index_t j = 0; j < nk; ++j) kp[j] = j;
+      for (index_t j = 0; j < nk; ++j) kp[j] = k_first + j;
     if (opt.key_padding_mask)
-      for (index_t j = 0; j < nk; ++j) kv[j] &= static_cast<unsigned char>((*opt.key_padding_mask)(b, j) == 0);
+      for (index_t j = 0; j < nk; ++j)
+        kv[j] &= static_cast<unsigned char>((*opt.key_padding_mask)(b, k_first + j) == 0);
     if (opt.attention_mask)
-      for (index_t j = 0; j < nk; ++j) kv[j] &= static_cast<unsigned char>((*opt.attention_mask)(b, j) != 0);
+      for (index_t j = 0; j < nk; ++j) kv[j] &= static_cast<unsigned char>((*opt.attention_mask)(b, k_first + j) != 0);
     if (!opt.kv_lengths.empty())
-      std::fill(kv + opt.kv_lengths[static_cast<std::size_t>(b)], kv + nk, static_cast<unsigned char>(0));
+      std::fill(kv + std::clamp<index_t>(opt.kv_lengths[static_cast<std::size_t>(b)] - k_first, 0, nk), kv + nk,
+                static_cast<unsigned char>(0));
   }
   position_range(m.q_pos.data(), batch * q_len, m.q_min, m.q_max);
   position_range(m.k_pos.data(), batch * k_len, m.k_min, m.k_max);
