@@ -188,10 +188,11 @@ TEST_CASE("safetensors: round trip of every dtype through a file", "[io][safeten
   for (int i = 0; i < 6; ++i) t.data()[i] = 0.25f * static_cast<float>(i);
   w.add("eigen", t);
 
-  const auto path = std::filesystem::temp_directory_path() / "posenc_test_roundtrip.safetensors";
-  w.write(path);
-  const auto f = posenc::io::read_safetensors(path);
-  std::filesystem::remove(path);
+  const auto f = [&] {
+    const temp_file disk("posenc_test_roundtrip.safetensors", {});
+    w.write(disk.path);
+    return posenc::io::read_safetensors(disk.path);
+  }();
 
   CHECK(f.values<double>("f64") == x);
   CHECK(f.info("f64").shape == std::vector<std::int64_t>{2, 3});

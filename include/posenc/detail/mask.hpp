@@ -81,16 +81,12 @@ struct call_masks {
 
 /// How many leading keys of a call no query can see, with nothing but their index to tell: with a
 /// sliding window and keys positioned by their index (no k_positions), the keys before the window of
-/// the lowest query position, k < q_min - W + 1, are before every query's window (padding only hides
-/// more keys). A decode step with W = 128 on a 32768-key cache would otherwise
-/// resolve, summarize and keep a softmax state for all of them (docs/performance.md › Per-call work
-/// that grows with the cache). At least one key is kept, so the call's shapes stay those of a call
-/// with keys. Call after the options are validated (resolve_masks does both).
-[[nodiscard]] inline index_t leading_keys_unseen(const attention_options& opt, index_t batch, index_t q_len,
-                                                 index_t k_len) {
-  if (!opt.causal || opt.sliding_window == 0 || opt.k_positions || batch * q_len == 0 || k_len <= 1) return 0;
-  std::int64_t q_min = opt.q_offset, q_max = 0;
-  if (opt.q_positions) position_range(opt.q_positions->data(), batch * q_len, q_min, q_max);
+/// the lowest query position q_min, k < q_min - W + 1, are before every query's window (padding only
+/// hides more keys). A decode step with W = 128 on a 32768-key cache would otherwise resolve,
+/// summarize and keep a softmax state for all of them (docs/performance.md › Per-call work that grows
+/// with the cache). At least one key is kept, so the call's shapes stay those of a call with keys.
+[[nodiscard]] inline index_t leading_keys_unseen(const attention_options& opt, std::int64_t q_min, index_t k_len) {
+  if (!opt.causal || opt.sliding_window == 0 || opt.k_positions || k_len <= 1) return 0;
   const std::int64_t first = window_start(q_min, opt.sliding_window);
   return first <= 0 ? 0 : static_cast<index_t>(std::min<std::int64_t>(first, k_len - 1));
 }
@@ -136,32 +132,36 @@ inline call_masks resolve_masks(const attention_options& opt, index_t batch, ind
               opt.kv_lengths[b], " at batch ", b, ", k_len ", k_len);
   }
 
-  const index_t k_first = leave_unseen ? leading_keys_unseen(opt, batch, q_len, k_len) : 0;
-  k_len -= k_first;
   call_masks m;
   m.batch = batch;
   m.q_len = q_len;
-  m.k_len = k_len;
-  m.k_first = k_first;
   m.causal = opt.causal;
   m.window = opt.sliding_window;
   // A decode step resolves its whole cache's keys every call: each array is filled by its own
   // branch-free loop, only for the options given (one loop testing every option per key took 46 us
   // at k_len = 32768, 0.4 % of a 1-thread f32 step, 0.8 % of a 2-thread one, before any thread starts).
+  // The queries first: their lowest position tells which leading keys no query sees.
   m.q_pos.resize(static_cast<std::size_t>(batch * q_len));
-  m.k_pos.resize(static_cast<std::size_t>(batch * k_len));
-  m.k_valid.assign(static_cast<std::size_t>(batch * k_len), 1);
   // the lengths as locals the stores below cannot alias (batch, q_len and k_len had their addresses
   // taken by the checks above, so the loops reloaded them after every store and stayed scalar)
-  const index_t nq = q_len, nk = k_len;
+  const index_t nq = q_len;
   for (index_t b = 0; b < batch; ++b) {
     std::int64_t* qp = m.q_pos.data() + b * nq;
-    std::int64_t* kp = m.k_pos.data() + b * nk;
-    unsigned char* kv = m.k_valid.data() + b * nk;
     if (opt.q_positions)
       for (index_t i = 0; i < nq; ++i) qp[i] = (*opt.q_positions)(b, i);
     else
       for (index_t i = 0; i < nq; ++i) qp[i] = opt.q_offset + i;
+  }
+  position_range(m.q_pos.data(), batch * q_len, m.q_min, m.q_max);
+  const index_t k_first = leave_unseen && batch * q_len > 0 ? leading_keys_unseen(opt, m.q_min, k_len) : 0;
+  m.k_first = k_first;
+  m.k_len = k_len - k_first;
+  const index_t nk = m.k_len;
+  m.k_pos.resize(static_cast<std::size_t>(batch * nk));
+  m.k_valid.assign(static_cast<std::size_t>(batch * nk), 1);
+  for (index_t b = 0; b < batch; ++b) {
+    std::int64_t* kp = m.k_pos.data() + b * nk;
+    unsigned char* kv = m.k_valid.data() + b * nk;
     if (opt.k_positions)  // k_first is 0 with k_positions
       for (index_t j = 0; j < nk; ++j) kp[j] = (*opt.k_positions)(b, j);
     else
@@ -175,8 +175,7 @@ inline call_masks resolve_masks(const attention_options& opt, index_t batch, ind
       std::fill(kv + std::clamp<index_t>(opt.kv_lengths[static_cast<std::size_t>(b)] - k_first, 0, nk), kv + nk,
                 static_cast<unsigned char>(0));
   }
-  position_range(m.q_pos.data(), batch * q_len, m.q_min, m.q_max);
-  position_range(m.k_pos.data(), batch * k_len, m.k_min, m.k_max);
+  position_range(m.k_pos.data(), batch * nk, m.k_min, m.k_max);
   return m;
 }
 

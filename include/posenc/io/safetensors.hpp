@@ -330,7 +330,7 @@ class safetensors_file {
   /// The raw little-endian payload (unaligned; copy with memcpy).
   [[nodiscard]] std::span<const unsigned char> bytes(const std::string& name) const {
     const auto& t = info(name);
-    return {image_->data() + data_start_ + t.begin, static_cast<std::size_t>(t.end - t.begin)};
+    return {payload(t), static_cast<std::size_t>(t.end - t.begin)};
   }
 
   /// The values as T, row-major. T = double or float accepts every float dtype (F16/BF16 are widened
@@ -342,7 +342,7 @@ class safetensors_file {
     check_convertible<T>(t);
     const std::size_t n = static_cast<std::size_t>(t.numel()), w = t.element_bytes();
     std::vector<T> v(n);
-    const unsigned char* p = image_->data() + data_start_ + t.begin;
+    const unsigned char* p = payload(t);
     if (t.dtype == dtype_of<T>()) {
       if (n) std::memcpy(v.data(), p, n * w);
       return v;
@@ -377,6 +377,11 @@ class safetensors_file {
   }
 
  private:
+  /// The first byte of a tensor's payload in the file image.
+  [[nodiscard]] const unsigned char* payload(const tensor_info& t) const {
+    return image_->data() + data_start_ + t.begin;
+  }
+
   template <class T>
   void check_convertible(const tensor_info& t) const {
     constexpr dtype want = dtype_of<T>();
