@@ -293,11 +293,11 @@ struct decode_cache {
 /// window of `window` keys (0 = none).
 template <class KV>
 void decode_step(const std::vector<float>& q, Index rows, const decode_cache<KV>& k, const decode_cache<KV>& v,
-                 std::vector<float>& out, Eigen::ThreadPool* pool, Index window = 0) {
+                 std::vector<float>& out, Eigen::ThreadPool* pool, Index window = 0, Index filled = 0) {
   constexpr Index H = 32, d = 128;
   posenc::attention_options opt;
   opt.causal = true;
-  opt.q_offset = k.tokens - rows;
+  opt.q_offset = (filled > 0 ? filled : k.tokens) - rows;  // the rows follow the first `filled` keys (0: all)
   opt.sliding_window = window;
   opt.pool = pool;
   posenc::attention<float>(posenc::bshd<const float>(q.data(), 1, rows, H, d), k.view(), v.view(),
@@ -385,19 +385,34 @@ void decode_floor(benchmark::State& state) {
   state.counters["of_read"] = median_over(sec, [&](const auto& s) { return kv / s[0] / (rb / s[2]); });
 }
 
+/// The median of time(1-row step on a cache of `slots` keys, with `window` and the row after the first
+/// `filled` keys) / time(1-row step on a cache of only the `seen` keys it reads), in back-to-back pairs
+/// on one thread: what the per-call work that grows with the cache adds to a step.
+template <class KV>
+double over_seen_keys(benchmark::State& state, Index seen, Index slots, Index window, Index filled) {
+  decode_operands<KV> cache(1, slots), seen_only(1, seen);
+  return bench_util::median_pair_ratio(
+      state, [&] { decode_step(seen_only.q, 1, seen_only.k, seen_only.v, seen_only.out, nullptr); },
+      [&] { decode_step(cache.q, 1, cache.k, cache.v, cache.out, nullptr, window, filled); });
+}
+
 // A sliding-window decode step (the local layers of gpt-oss, Gemma 2/3, Mistral: 1 row, GQA 32/8,
 // d = 128, window W) on a cache of Lk keys, against the same step on a cache of only the window's W
-// keys (fully causal), in back-to-back pairs on one thread: counter window_over_W, the median of
-// time(window, Lk keys) / time(causal, W keys). Both read W keys and values; what the long cache
-// adds is the per-call work that grows with Lk (positions, key validity, key-block summaries, a
-// softmax state per key segment).
+// keys (fully causal): counter window_over_W (over_seen_keys). Both read W keys and values; what the
+// long cache adds is the per-call work that grows with Lk (positions, key validity, key-block
+// summaries, a softmax state per key segment).
 template <class KV>
 void decode_window(benchmark::State& state) {
-  const Index W = state.range(0), Lk = state.range(1);
-  decode_operands<KV> cache(1, Lk), window(1, W);
-  state.counters["window_over_W"] = bench_util::median_pair_ratio(
-      state, [&] { decode_step(window.q, 1, window.k, window.v, window.out, nullptr); },
-      [&] { decode_step(cache.q, 1, cache.k, cache.v, cache.out, nullptr, W); });
+  state.counters["window_over_W"] = over_seen_keys<KV>(state, state.range(0), state.range(1), state.range(0), 0);
+}
+
+// A decode step (1 row, GQA 32/8, d = 128) at position P of a preallocated cache of Lk slots
+// (Hugging Face's StaticCache, a runtime's slab: the keys after P are not filled yet), against the
+// same step on a cache of only the P filled keys: counter filled_over_P (over_seen_keys). Both read P
+// keys and values; what the slots add is the per-call work that grows with Lk.
+template <class KV>
+void decode_filled(benchmark::State& state) {
+  state.counters["filled_over_P"] = over_seen_keys<KV>(state, state.range(0), state.range(1), 0, state.range(0));
 }
 
 /// Seconds of `macs` float multiply-adds at the FMA peak (bench_util::fma_peak), split over the
@@ -693,6 +708,8 @@ void register_decode(const char* kv) {
   paired("BM_decode_layers/kv:f16", decode_layers<Eigen::half>, {{4096, 32768}}, {"Lk"});
   paired("BM_decode_window/kv:f32", decode_window<float>, {{128, 1024}, {4096, 32768}}, {"W", "Lk"});
   paired("BM_decode_window/kv:f16", decode_window<Eigen::half>, {{128, 1024}, {4096, 32768}}, {"W", "Lk"});
+  paired("BM_decode_filled/kv:f32", decode_filled<float>, {{128, 1024}, {4096, 32768}}, {"P", "Lk"});
+  paired("BM_decode_filled/kv:f16", decode_filled<Eigen::half>, {{128, 1024}, {4096, 32768}}, {"P", "Lk"});
   paired("BM_decode_padding/kv:f32", decode_padding<float>, {{1, 4}, {4096, 32768}, {1}, {64}},
          {"rows", "Lk", "threads", "pad_bytes"});
   paired("BM_decode_padding/kv:f16", decode_padding<Eigen::half>, {{1, 4}, {4096, 32768}, {1}, {64}},

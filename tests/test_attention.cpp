@@ -49,6 +49,10 @@ struct config {
   unsigned seed = 1;
   double scale_inputs = 1.0;
   posenc::attention_path path = posenc::attention_path::automatic;
+  /// Slots of a preallocated cache after every query (q_offset only): the last `unfilled` keys of every
+  /// row hold NaN, and the queries end before them. No query sees them, so nothing of them may reach
+  /// the output.
+  Index unfilled = 0;
 };
 
 std::string describe(const config& c) {
@@ -58,7 +62,13 @@ std::string describe(const config& c) {
          (c.causal ? " causal" : "") + " pad=" + std::to_string(static_cast<int>(c.pad)) +
          " off=" + std::to_string(static_cast<int>(c.off)) + " W=" + std::to_string(c.window) +
          " blocks=" + std::to_string(c.q_block) + "x" + std::to_string(c.k_block) +
+         (c.unfilled > 0 ? " unfilled=" + std::to_string(c.unfilled) : "") +
          (c.path == posenc::attention_path::decode ? " decode" : c.path == posenc::attention_path::tiled ? " tiled" : "");
+}
+
+template <class T>
+posenc::heads_view<T> view(T* data, Index B, Index S, Index H, Index D, layout order) {
+  return order == layout::bshd ? posenc::bshd<T>(data, B, S, H, D) : posenc::bhsd<T>(data, B, H, S, D);
 }
 
 // Inputs in double plus the masks/positions the options point into (kept alive here).
@@ -76,6 +86,14 @@ struct problem {
     for (auto* x : {&q, &k, &v})
       for (auto& e : *x) e = c.scale_inputs * n(rng);
     std::uniform_int_distribution<int> coin(0, 3);
+    for (auto* x : {&k, &v})
+      for (Index b = 0; b < c.B; ++b)
+        for (Index j = c.Sk - c.unfilled; j < c.Sk; ++j)
+          for (Index h = 0; h < c.Hkv; ++h) {
+            const Index dim = x == &k ? c.D : c.Dv;
+            const auto kv = view<double>(x->data(), c.B, c.Sk, c.Hkv, dim, c.order);
+            for (Index d = 0; d < dim; ++d) kv(b, j, h, d) = std::numeric_limits<double>::quiet_NaN();
+          }
     if (c.pad == padding::mask) {
       pad_mask.assign(static_cast<std::size_t>(c.B * c.Sk), 0);
       for (auto& p : pad_mask) p = coin(rng) == 0 ? 1 : 0;  // ~25 % padding keys
@@ -107,7 +125,7 @@ struct problem {
     o.sliding_window = c.window;
     o.q_block = c.q_block;
     o.k_block = c.k_block;
-    if (c.off == offset::q_offset) o.q_offset = std::max<Index>(c.Sk - c.Sq, 0);  // KV cache
+    if (c.off == offset::q_offset) o.q_offset = std::max<Index>(c.Sk - c.unfilled - c.Sq, 0);  // KV cache
     if (!q_pos.empty()) {
       o.q_positions = posenc::positions_view(q_pos.data(), c.B, c.Sq);
       o.k_positions = posenc::positions_view(k_pos.data(), c.B, c.Sk);
@@ -118,11 +136,6 @@ struct problem {
     return o;
   }
 };
-
-template <class T>
-posenc::heads_view<T> view(T* data, Index B, Index S, Index H, Index D, layout order) {
-  return order == layout::bshd ? posenc::bshd<T>(data, B, S, H, D) : posenc::bhsd<T>(data, B, H, S, D);
-}
 
 template <class T>
 std::vector<T> cast(const std::vector<double>& x) {
@@ -797,7 +810,15 @@ TEST_CASE("attention: every hook at once, with the encoding's own logit scale", 
                           .pad = padding::lengths, .off = offset::q_offset, .window = 50, .q_block = 16,
                           .k_block = 32},
                    config{.B = 2, .Sq = 1, .Sk = 3000, .H = 4, .Hkv = 1, .causal = true, .off = offset::q_offset,
-                          .window = 7}}) {
+                          .window = 7},
+                   // steps and a prefill chunk inside a preallocated cache, its unfilled slots NaN
+                   config{.B = 3, .Sq = 3, .Sk = 300, .H = 4, .Hkv = 2, .causal = true, .pad = padding::lengths,
+                          .off = offset::q_offset, .unfilled = 170},
+                   config{.B = 2, .Sq = 1, .Sk = 300, .H = 4, .Hkv = 1, .causal = true, .pad = padding::mask,
+                          .off = offset::q_offset, .window = 20, .unfilled = 33},
+                   config{.B = 2, .Sq = 40, .Sk = 300, .H = 2, .Hkv = 1, .order = layout::bhsd, .causal = true,
+                          .off = offset::q_offset, .window = 50, .q_block = 16, .k_block = 32,
+                          .path = posenc::attention_path::tiled, .unfilled = 100}}) {
     const problem p(c);
     all_hooks enc{.rot = {}, .bias = {}, .rel = relative_terms(2, c.D, 3), .val = relative_values(3, c.H, c.Dv, 5)};
     posenc::reference_terms<double> terms;

@@ -44,6 +44,9 @@ struct dcase {
   std::vector<double> sinks{};
   bool attention_mask = false, key_padding_mask = false;
   std::vector<Index> kv_lengths{};
+  /// The last `unfilled` keys of every row hold NaN and are padding in the masks given (slots of a
+  /// preallocated cache no query may see; the case puts its queries and lengths before them).
+  Index unfilled = 0;
   keys key_order = keys::ascending;
   Index q_block = 0, k_block = 0;
   double input_scale = 1.0;
@@ -59,8 +62,8 @@ std::string describe(const dcase& c) {
          " key_padding_mask=" + std::to_string(c.key_padding_mask) +
          (c.key_order == keys::shuffled ? " shuffled keys" : "") +
          (c.key_order == keys::queries_positioned ? " query positions" : "") +
-         " kv_lengths=" + std::to_string(c.kv_lengths.size()) + " blocks=" + std::to_string(c.q_block) + "x" +
-         std::to_string(c.k_block);
+         " kv_lengths=" + std::to_string(c.kv_lengths.size()) + " unfilled=" + std::to_string(c.unfilled) +
+         " blocks=" + std::to_string(c.q_block) + "x" + std::to_string(c.k_block);
 }
 
 struct problem {
@@ -86,6 +89,14 @@ struct problem {
       kpm.assign(static_cast<std::size_t>(c.B * c.Sk), 0);
       for (auto& a : kpm) a = coin(rng) == 0 ? 3 : 0;
     }
+    for (Index b = 0; b < c.B; ++b)
+      for (Index j = c.Sk - c.unfilled; j < c.Sk; ++j) {
+        const auto at = static_cast<std::size_t>(b * c.Sk + j);
+        if (!am.empty()) am[at] = 0;
+        if (!kpm.empty()) kpm[at] = 3;
+        std::fill_n(k.begin() + static_cast<std::ptrdiff_t>(at * c.Hkv * c.D), c.Hkv * c.D, std::nan(""));
+        std::fill_n(v.begin() + static_cast<std::ptrdiff_t>(at * c.Hkv * c.Dv), c.Hkv * c.Dv, std::nan(""));
+      }
     if (c.key_order == keys::shuffled) {
       q_pos.resize(static_cast<std::size_t>(c.B * c.Sq));
       k_pos.resize(static_cast<std::size_t>(c.B * c.Sk));
@@ -410,7 +421,51 @@ TEST_CASE("sliding window: the keys before every query's window are left out of 
   check(c);
 }
 
-TEST_CASE("leading_keys_unseen: no query sees a key it leaves out, and it leaves out all it can", "[kernel]") {
+// A step or a prefill chunk inside a preallocated cache whose unfilled slots hold NaN: the call holds
+// only the keys up to the last one some query may see by index or padding (detail::keys_seen_end), so
+// the tile that holds the last query reads no unfilled slot: causal by index, with a window, queries at
+// explicit positions, kv_lengths, trailing padding in attention_mask and key_padding_mask, without
+// causal too; every result against the reference over the whole cache, which skips unseen keys.
+TEST_CASE("a cache with unfilled slots: the keys after every query and past all padding are left out", "[kernel]") {
+  posenc::reference_terms<double> wavy;
+  wavy.score_term = [](Index, Index h, Index i, Index j) { return term_formula(h, i, j); };
+  for (const Index Sq : {1, 3})
+    for (const Index last : {0, 40, 161}) {  // the last query's position
+      dcase c;
+      c.Sk = 300;
+      c.Sq = Sq;
+      c.q_offset = last - (Sq - 1);
+      c.unfilled = c.Sk - (last + 1);
+      c.k_block = 32;
+      check(c);
+      check(c, wavy_terms{}, wavy);  // the caller's key indices in the tiles
+      const problem p(c);
+      check(c, posenc::alibi(posenc::alibi_config{.heads = 4}), alibi_reference(p));
+      c.window = 9;
+      check(c);
+      c.key_order = keys::queries_positioned;
+      c.sinks = {0.5, -1.0, 2.0, -inf};
+      check(c);
+      c.key_order = keys::ascending;
+      c.sinks.clear();
+      c.window = 0;
+      c.causal = false;  // what the lengths and the masks cut
+      c.kv_lengths = {last + 1, (last + 1) / 2};
+      check(c);
+      c.kv_lengths = {0, 0};
+      check(c);
+      c.kv_lengths.clear();
+      c.attention_mask = true;
+      check(c);
+      c.key_padding_mask = true;
+      check(c);
+      c.attention_mask = false;
+      check(c);
+    }
+}
+
+TEST_CASE("leading_keys_unseen and keys_seen_end: no query sees a key left out, and they leave out all they can",
+          "[kernel]") {
   std::mt19937 rng(5);
   for (int n = 0; n < 4000; ++n) {
     const Index B = 1 + n % 3, Sq = 1 + n % 5, Sk = std::uniform_int_distribution<Index>(0, 120)(rng);
@@ -443,14 +498,31 @@ TEST_CASE("leading_keys_unseen: no query sees a key it leaves out, and it leaves
     const Index first = cut.k_first;
     REQUIRE(first >= 0);
     REQUIRE(first <= std::max<Index>(Sk - 1, 0));
-    CHECK(cut.k_len == Sk - first);
+    const Index end = first + cut.k_len;  // one past the last key it holds
+    REQUIRE(end <= Sk);
+    CHECK(cut.k_len >= std::min<Index>(Sk, 1));
     if (kind == 5 || !opt.causal || opt.sliding_window == 0) CHECK(first == 0);
-    // no query sees a key before `first`
+    // no query sees a key before `first` or from `end` on
     bool seen = false;
     for (Index b = 0; b < B; ++b)
       for (Index i = 0; i < Sq; ++i)
-        for (Index j = 0; j < first; ++j) seen = seen || full.visible(b, i, j);
+        for (Index j = 0; j < Sk; ++j) seen = seen || ((j < first || j >= end) && full.visible(b, i, j));
     CHECK_FALSE(seen);
+    // maximal: the last key it holds is a token in some row, by index not after every query (or one
+    // key is kept)
+    if (end > first + 1) {
+      bool token = false;
+      for (Index b = 0; b < B; ++b) token = token || full.kv(b)[end - 1] != 0;
+      CHECK(token);
+      if (opt.causal && kind != 5) CHECK(end - 1 <= full.q_max);
+    }
+    if (end < Sk && end > first + 1 && opt.causal && kind != 5) {  // key `end` is padding or after every query
+      bool token = false;
+      for (Index b = 0; b < B; ++b) token = token || full.kv(b)[end] != 0;
+      CHECK((!token || end > full.q_max));
+    }
+    if (end < Sk && !opt.causal)
+      for (Index b = 0; b < B; ++b) CHECK(full.kv(b)[end] == 0);
     // maximal: key `first` is inside the window of the lowest query position (or one key is kept)
     if (first > 0 && first < Sk - 1) CHECK(posenc::detail::causal_visible(full.q_min, first, opt.sliding_window));
     if (first == 0 && kind != 5 && opt.causal && opt.sliding_window > 0 && Sk > 1)

@@ -194,10 +194,11 @@ void attention_impl(heads_view<const T> q, heads_view<const KV> k, heads_view<co
             "lse", "must not overlap q, k, v or out");
   }
   check_logit_options(opt, H);
-  // With a sliding window the keys before every query's window are left out of the call
-  // (leading_keys_unseen): both paths then see only the keys from masks.k_first on.
+  // Keys no query can see by index or padding are left out of the call: before every query's window
+  // (leading_keys_unseen), after every query or past every row's padding (keys_seen_end). Both paths
+  // then see only the caller's keys masks.k_first .. masks.k_first + masks.k_len - 1.
   const call_masks masks = resolve_masks(opt, B, Sq, Sk, true);
-  if (masks.k_first > 0) {
+  if (masks.k_first > 0 || masks.k_len < Sk) {
     k = k.slice_tokens(masks.k_first, masks.k_len);
     v = v.slice_tokens(masks.k_first, masks.k_len);
   }

@@ -49,8 +49,8 @@ enum class scalar_type { float32, float64 };
 /// What `bind` sees, once per attention call, before any tile.
 struct call_info {
   index_t batch = 0, heads = 0, kv_heads = 0, q_len = 0, k_len = 0, head_dim = 0, value_dim = 0;
-  /// The call's keys are the caller's keys k_first .. k_first + k_len - 1: with a sliding window the
-  /// leading keys no query can see are left out (keys positioned by index; docs/masks.md).
+  /// The call's keys are the caller's keys k_first .. k_first + k_len - 1: keys no query can see by
+  /// index or padding, before every query's window or after every query, are left out (docs/masks.md).
   index_t k_first = 0;
   scalar_type scalar = scalar_type::float32;  ///< the kernel's T: float32 for float, float64 for double
   positions_view q_positions{nullptr, 0, 0};  ///< [batch, q_len]

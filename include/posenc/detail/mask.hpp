@@ -41,7 +41,7 @@ namespace posenc::detail {
 struct call_masks {
   index_t batch = 0, q_len = 0, k_len = 0;
   /// The first of the caller's keys the call holds (leading_keys_unseen): its keys are the caller's
-  /// k_first .. k_first + k_len - 1, key j at the caller's index k_first + j.
+  /// k_first .. k_first + k_len - 1 (keys_seen_end), key j at the caller's index k_first + j.
   index_t k_first = 0;
   bool causal = false;
   std::int64_t window = 0;             ///< sliding window (with causal), 0 = none
@@ -91,9 +91,34 @@ struct call_masks {
   return first <= 0 ? 0 : static_cast<index_t>(std::min<std::int64_t>(first, k_len - 1));
 }
 
+/// One past the last key of a call some query may see, told by index and padding alone: causal with
+/// keys positioned by their index, the keys after the highest query position q_max; in every batch
+/// row, the keys from its kv_length on and the trailing keys key_padding_mask or attention_mask call
+/// padding. A step at position p of a preallocated cache (Hugging Face's StaticCache, a runtime's
+/// slab) would otherwise resolve and summarize every slot, and the tile that holds p would read the
+/// value rows of the unfilled slots after it (a NaN there, 0 * NaN, would reach the output). The
+/// masks are scanned from the end, so only the trailing padding is read. Not below `k_first` + 1.
+[[nodiscard]] inline index_t keys_seen_end(const attention_options& opt, std::int64_t q_max, index_t k_first,
+                                           index_t k_len, index_t batch) {
+  index_t bound = k_len;
+  if (opt.causal && !opt.k_positions) bound = static_cast<index_t>(std::clamp<std::int64_t>(q_max, -1, k_len - 1) + 1);
+  index_t end = 0;
+  for (index_t b = 0; b < batch && end < bound; ++b) {
+    index_t e = bound;
+    if (!opt.kv_lengths.empty()) e = std::min(e, static_cast<index_t>(opt.kv_lengths[static_cast<std::size_t>(b)]));
+    const auto padding = [&](index_t j) {
+      return (opt.key_padding_mask && (*opt.key_padding_mask)(b, j) != 0) ||
+             (opt.attention_mask && (*opt.attention_mask)(b, j) == 0);
+    };
+    while (e > end && padding(e - 1)) --e;
+    end = std::max(end, e);
+  }
+  return std::max(end, k_first + 1);
+}
+
 /// Validate the mask/position options against the shapes and resolve them (throws posenc::error).
-/// `leave_unseen`: the call holds only the keys from leading_keys_unseen on (call_masks::k_first); the
-/// caller views k and v from there.
+/// `leave_unseen`: the call holds only the keys from leading_keys_unseen up to keys_seen_end
+/// (call_masks::k_first, k_len); the caller views k and v as that range.
 inline call_masks resolve_masks(const attention_options& opt, index_t batch, index_t q_len, index_t k_len,
                                 bool leave_unseen = false) {
   if (opt.q_positions) {
@@ -153,9 +178,10 @@ inline call_masks resolve_masks(const attention_options& opt, index_t batch, ind
       for (index_t i = 0; i < nq; ++i) qp[i] = opt.q_offset + i;
   }
   position_range(m.q_pos.data(), batch * q_len, m.q_min, m.q_max);
-  const index_t k_first = leave_unseen && batch * q_len > 0 ? leading_keys_unseen(opt, m.q_min, k_len) : 0;
+  const bool cut = leave_unseen && batch * q_len > 0 && k_len > 0;
+  const index_t k_first = cut ? leading_keys_unseen(opt, m.q_min, k_len) : 0;
   m.k_first = k_first;
-  m.k_len = k_len - k_first;
+  m.k_len = (cut ? keys_seen_end(opt, m.q_max, k_first, k_len, batch) : k_len) - k_first;
   const index_t nk = m.k_len;
   m.k_pos.resize(static_cast<std::size_t>(batch * nk));
   m.k_valid.assign(static_cast<std::size_t>(batch * nk), 1);
