@@ -44,9 +44,10 @@ struct dcase {
   std::vector<double> sinks{};
   bool attention_mask = false, key_padding_mask = false;
   std::vector<Index> kv_lengths{};
-  /// The last `unfilled` keys of every row hold NaN and are padding in the masks given (slots of a
-  /// preallocated cache no query may see; the case puts its queries and lengths before them).
-  Index unfilled = 0;
+  /// Per batch row (empty: none): the keys from filled[b] on hold NaN and are padding in the masks
+  /// given (slots of a preallocated cache no query may see; the case puts its queries and lengths
+  /// before them).
+  std::vector<Index> filled{};
   keys key_order = keys::ascending;
   Index q_block = 0, k_block = 0;
   double input_scale = 1.0;
@@ -62,7 +63,7 @@ std::string describe(const dcase& c) {
          " key_padding_mask=" + std::to_string(c.key_padding_mask) +
          (c.key_order == keys::shuffled ? " shuffled keys" : "") +
          (c.key_order == keys::queries_positioned ? " query positions" : "") +
-         " kv_lengths=" + std::to_string(c.kv_lengths.size()) + " unfilled=" + std::to_string(c.unfilled) +
+         " kv_lengths=" + std::to_string(c.kv_lengths.size()) + " filled=" + std::to_string(c.filled.size()) +
          " blocks=" + std::to_string(c.q_block) + "x" + std::to_string(c.k_block);
 }
 
@@ -89,8 +90,8 @@ struct problem {
       kpm.assign(static_cast<std::size_t>(c.B * c.Sk), 0);
       for (auto& a : kpm) a = coin(rng) == 0 ? 3 : 0;
     }
-    for (Index b = 0; b < c.B; ++b)
-      for (Index j = c.Sk - c.unfilled; j < c.Sk; ++j) {
+    for (Index b = 0; b < static_cast<Index>(c.filled.size()); ++b)
+      for (Index j = c.filled[static_cast<std::size_t>(b)]; j < c.Sk; ++j) {
         const auto at = static_cast<std::size_t>(b * c.Sk + j);
         if (!am.empty()) am[at] = 0;
         if (!kpm.empty()) kpm[at] = 3;
@@ -422,10 +423,11 @@ TEST_CASE("sliding window: the keys before every query's window are left out of 
 }
 
 // A step or a prefill chunk inside a preallocated cache whose unfilled slots hold NaN: the call holds
-// only the keys up to the last one some query may see by index or padding (detail::keys_seen_end), so
-// the tile that holds the last query reads no unfilled slot: causal by index, with a window, queries at
-// explicit positions, kv_lengths, trailing padding in attention_mask and key_padding_mask, without
-// causal too; every result against the reference over the whole cache, which skips unseen keys.
+// only the keys up to the last one some query may see by index or padding (detail::keys_seen_end), and
+// a shorter row's tiles end at its last token (summarize_key_blocks), so no unfilled slot is read:
+// causal by index, with a window, queries at explicit positions, kv_lengths, trailing padding in
+// attention_mask and key_padding_mask, without causal too, ragged rows; every result against the
+// reference over the whole cache, which skips unseen keys.
 TEST_CASE("a cache with unfilled slots: the keys after every query and past all padding are left out", "[kernel]") {
   posenc::reference_terms<double> wavy;
   wavy.score_term = [](Index, Index h, Index i, Index j) { return term_formula(h, i, j); };
@@ -435,7 +437,7 @@ TEST_CASE("a cache with unfilled slots: the keys after every query and past all 
       c.Sk = 300;
       c.Sq = Sq;
       c.q_offset = last - (Sq - 1);
-      c.unfilled = c.Sk - (last + 1);
+      c.filled = {last + 1, last + 1};
       c.k_block = 32;
       check(c);
       check(c, wavy_terms{}, wavy);  // the caller's key indices in the tiles
@@ -450,17 +452,28 @@ TEST_CASE("a cache with unfilled slots: the keys after every query and past all 
       c.sinks.clear();
       c.window = 0;
       c.causal = false;  // what the lengths and the masks cut
-      c.kv_lengths = {last + 1, (last + 1) / 2};
-      check(c);
-      c.kv_lengths = {0, 0};
-      check(c);
-      c.kv_lengths.clear();
-      c.attention_mask = true;
-      check(c);
-      c.key_padding_mask = true;
-      check(c);
-      c.attention_mask = false;
-      check(c);
+      for (const bool ragged : {false, true}) {  // row 1 filled to half of row 0
+        if (ragged) c.filled = {last + 1, (last + 1) / 2};
+        c.kv_lengths = {last + 1, ragged ? (last + 1) / 2 : last + 1};
+        check(c);
+        c.kv_lengths = {0, 0};
+        check(c);
+        c.kv_lengths.clear();
+        c.attention_mask = true;
+        check(c);
+        c.key_padding_mask = true;
+        check(c);
+        c.attention_mask = false;
+        check(c);
+        c.key_padding_mask = false;
+        c.causal = true;  // and causal, queries at explicit positions
+        c.kv_lengths = {last + 1, ragged ? (last + 1) / 2 : last + 1};
+        c.key_order = keys::queries_positioned;
+        check(c);
+        c.key_order = keys::ascending;
+        c.kv_lengths.clear();
+        c.causal = false;
+      }
     }
 }
 
@@ -980,10 +993,14 @@ TEST_CASE("resolve_masks and summarize_key_blocks: every key and block against t
             const auto blocks = posenc::detail::summarize_key_blocks(m, block);
             const Index nkb = (Sk + block - 1) / block;
             REQUIRE(static_cast<Index>(blocks.size()) == B * nkb);
-            for (Index b = 0; b < B; ++b)
+            for (Index b = 0; b < B; ++b) {
+              // the block holding the row's last valid key ends with it; the blocks after it keep their size
+              Index row_end = 0;
+              for (Index j = 0; j < Sk; ++j)
+                if (m.k_valid[static_cast<std::size_t>(b * Sk + j)] != 0) row_end = j + 1;
               for (Index kb = 0; kb < nkb; ++kb) {
                 const auto& s = blocks[static_cast<std::size_t>(b * nkb + kb)];
-                const Index first = kb * block, cols = std::min(block, Sk - first);
+                const Index first = kb * block, cols = std::min(block, (first < row_end ? row_end : Sk) - first);
                 const auto* p = kp.data() + b * Sk + first;
                 std::vector<std::int64_t> pos(static_cast<std::size_t>(cols));
                 for (Index j = 0; j < cols; ++j)
@@ -997,6 +1014,7 @@ TEST_CASE("resolve_masks and summarize_key_blocks: every key and block against t
                 CHECK(s.pos_max == *std::max_element(pos.begin(), pos.end()));
                 CHECK(s.ascending == std::is_sorted(pos.begin(), pos.end()));
               }
+            }
           }
         }
 }
