@@ -102,7 +102,7 @@ struct call_masks {
                                            index_t k_len, index_t batch) {
   index_t bound = k_len;
   if (opt.causal && !opt.k_positions) bound = static_cast<index_t>(std::clamp<std::int64_t>(q_max, -1, k_len - 1) + 1);
-  index_t end = 0;
+  index_t end = k_first;  // keys before k_first are left out already: no scan goes below it
   for (index_t b = 0; b < batch && end < bound; ++b) {
     index_t e = bound;
     if (!opt.kv_lengths.empty()) e = std::min(e, static_cast<index_t>(opt.kv_lengths[static_cast<std::size_t>(b)]));
