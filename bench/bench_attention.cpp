@@ -289,15 +289,15 @@ struct decode_cache {
   }
 };
 
-/// One decode step of `rows` new query rows (GQA 32/8, causal, at the end of the cache), with a sliding
-/// window of `window` keys (0 = none).
+/// One decode step of `rows` new query rows (GQA 32/8, causal, at the end of the cache, or after its
+/// first `filled` keys when > 0), with a sliding window of `window` keys (0 = none).
 template <class KV>
 void decode_step(const std::vector<float>& q, Index rows, const decode_cache<KV>& k, const decode_cache<KV>& v,
                  std::vector<float>& out, Eigen::ThreadPool* pool, Index window = 0, Index filled = 0) {
   constexpr Index H = 32, d = 128;
   posenc::attention_options opt;
   opt.causal = true;
-  opt.q_offset = (filled > 0 ? filled : k.tokens) - rows;  // the rows follow the first `filled` keys (0: all)
+  opt.q_offset = (filled > 0 ? filled : k.tokens) - rows;
   opt.sliding_window = window;
   opt.pool = pool;
   posenc::attention<float>(posenc::bshd<const float>(q.data(), 1, rows, H, d), k.view(), v.view(),
