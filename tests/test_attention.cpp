@@ -22,6 +22,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "golden.hpp"
@@ -86,14 +87,12 @@ struct problem {
     for (auto* x : {&q, &k, &v})
       for (auto& e : *x) e = c.scale_inputs * n(rng);
     std::uniform_int_distribution<int> coin(0, 3);
-    for (auto* x : {&k, &v})
+    for (const auto& [x, dim] : {std::pair{&k, c.D}, std::pair{&v, c.Dv}}) {
+      const auto kv = view<double>(x->data(), c.B, c.Sk, c.Hkv, dim, c.order);
       for (Index b = 0; b < c.B; ++b)
         for (Index j = c.Sk - c.unfilled; j < c.Sk; ++j)
-          for (Index h = 0; h < c.Hkv; ++h) {
-            const Index dim = x == &k ? c.D : c.Dv;
-            const auto kv = view<double>(x->data(), c.B, c.Sk, c.Hkv, dim, c.order);
-            for (Index d = 0; d < dim; ++d) kv(b, j, h, d) = std::numeric_limits<double>::quiet_NaN();
-          }
+          for (Index h = 0; h < c.Hkv; ++h) std::fill_n(kv.row(b, j, h), dim, std::numeric_limits<double>::quiet_NaN());
+    }
     if (c.pad == padding::mask) {
       pad_mask.assign(static_cast<std::size_t>(c.B * c.Sk), 0);
       for (auto& p : pad_mask) p = coin(rng) == 0 ? 1 : 0;  // ~25 % padding keys
