@@ -272,19 +272,30 @@ void decode_rows(benchmark::State& state) {
 
 /// A [tokens, kv_heads x d] cache copied into rows `pad_bytes` longer (the padding zero), and the
 /// view of it: rows exactly 4 KiB apart (f32, 8 kv heads of 128) put the same column of every row in
-/// one L1 set, which costs the value products (docs/performance.md › Decode).
+/// one L1 set, which costs the value products (docs/performance.md › Decode). With `order` BHSD the
+/// same values as [kv_heads, tokens, d] (a Hugging Face cache's layout; pad_bytes unused).
 template <class KV>
 struct decode_cache {
   std::vector<KV> data;
   Index tokens, heads, dim, stride;
-  decode_cache(const std::vector<KV>& dense, Index tokens_, Index heads_, Index dim_, Index pad_bytes)
+  posenc::layout order;
+  decode_cache(const std::vector<KV>& dense, Index tokens_, Index heads_, Index dim_, Index pad_bytes,
+               posenc::layout order_ = posenc::layout::bshd)
       : tokens(tokens_), heads(heads_), dim(dim_),
-        stride(heads_ * dim_ + pad_bytes / static_cast<Index>(sizeof(KV))) {
+        stride(heads_ * dim_ + pad_bytes / static_cast<Index>(sizeof(KV))), order(order_) {
+    if (order == posenc::layout::bhsd) {
+      data.resize(dense.size());
+      for (Index t = 0; t < tokens; ++t)
+        for (Index h = 0; h < heads; ++h)
+          std::copy_n(dense.begin() + (t * heads + h) * dim, dim, data.begin() + (h * tokens + t) * dim);
+      return;
+    }
     data.assign(static_cast<std::size_t>(tokens * stride), KV(0));
     for (Index t = 0; t < tokens; ++t)
       std::copy_n(dense.begin() + t * heads * dim, heads * dim, data.begin() + t * stride);
   }
   [[nodiscard]] posenc::heads_view<const KV> view() const {
+    if (order == posenc::layout::bhsd) return posenc::bhsd<const KV>(data.data(), 1, heads, tokens, dim);
     return posenc::strided(data.data(), 1, tokens, heads, dim, {.batch = tokens * stride, .token = stride, .head = dim});
   }
 };
@@ -322,10 +333,10 @@ std::function<double()> timed_step(const std::vector<float>& q, Index rows, cons
 template <class KV>
 struct decode_operands {
   static constexpr Index H = 32, Hkv = 8, d = 128;
-  decode_operands(Index rows, Index Lk, Index pad_bytes = 0)
+  decode_operands(Index rows, Index Lk, Index pad_bytes = 0, posenc::layout order = posenc::layout::bshd)
       : q(random_vector(static_cast<std::size_t>(rows * H * d), 1)),
-        k(stored_as<KV>(random_vector(static_cast<std::size_t>(Lk * Hkv * d), 2)), Lk, Hkv, d, pad_bytes),
-        v(stored_as<KV>(random_vector(static_cast<std::size_t>(Lk * Hkv * d), 3)), Lk, Hkv, d, pad_bytes),
+        k(stored_as<KV>(random_vector(static_cast<std::size_t>(Lk * Hkv * d), 2)), Lk, Hkv, d, pad_bytes, order),
+        v(stored_as<KV>(random_vector(static_cast<std::size_t>(Lk * Hkv * d), 3)), Lk, Hkv, d, pad_bytes, order),
         out(q.size()) {}
   [[nodiscard]] double kv_bytes() const { return static_cast<double>(k.data.size() + v.data.size()) * sizeof(KV); }
   std::vector<float> q;
@@ -502,6 +513,24 @@ std::function<double()> timed_loop(std::vector<decode_operands<KV>>& layers, Ind
     for (auto& x : layers) decode_step(x.q, rows, x.k, x.v, x.out, pool);
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
+}
+
+// A BHSD cache ([kv heads, tokens, d], Hugging Face's layout) against a BSHD copy of the same values, in
+// a host's loop (timed_loop: one cache per layer, as many layers as make decode_loop_bytes for each
+// layout), the two loops in turns (run_turns): counter bhsd_over_bshd, the median of the per-token
+// ratios time(BHSD) / time(BSHD). The reported time is a token's with BSHD.
+template <class KV>
+void decode_layout(benchmark::State& state) {
+  const Index rows = state.range(0), Lk = state.range(1), threads = state.range(2);
+  std::vector<decode_operands<KV>> bshd_layers, bhsd_layers;
+  bshd_layers.emplace_back(rows, Lk);
+  const auto n = static_cast<std::size_t>(std::max(2.0, std::ceil(decode_loop_bytes / bshd_layers.front().kv_bytes())));
+  while (bshd_layers.size() < n) bshd_layers.emplace_back(rows, Lk);
+  while (bhsd_layers.size() < n) bhsd_layers.emplace_back(rows, Lk, 0, posenc::layout::bhsd);
+  const auto pool = make_pool(threads);
+  const auto sec = run_turns(state, {timed_loop(bshd_layers, rows, pool.get()), timed_loop(bhsd_layers, rows, pool.get())});
+  state.counters["layers"] = static_cast<double>(n);
+  state.counters["bhsd_over_bshd"] = median_over(sec, [](const auto& s) { return s[1] / s[0]; });
 }
 
 // The decode step as a host's decode loop runs it: every layer has its own cache (Lk tokens, GQA 32/8,
@@ -710,6 +739,9 @@ void register_decode(const char* kv) {
   paired("BM_decode_window/kv:f16", decode_window<Eigen::half>, {{128, 1024}, {4096, 32768}}, {"W", "Lk"});
   paired("BM_decode_filled/kv:f32", decode_filled<float>, {{128, 1024}, {4096, 32768}}, {"P", "Lk"});
   paired("BM_decode_filled/kv:f16", decode_filled<Eigen::half>, {{128, 1024}, {4096, 32768}}, {"P", "Lk"});
+  paired("BM_decode_layout/kv:f32", decode_layout<float>, {{1, 4}, {4096, 32768}, {1, 2}}, {"rows", "Lk", "threads"});
+  paired("BM_decode_layout/kv:f16", decode_layout<Eigen::half>, {{1, 4}, {4096, 32768}, {1, 2}},
+         {"rows", "Lk", "threads"});
   paired("BM_decode_padding/kv:f32", decode_padding<float>, {{1, 4}, {4096, 32768}, {1}, {64}},
          {"rows", "Lk", "threads", "pad_bytes"});
   paired("BM_decode_padding/kv:f16", decode_padding<Eigen::half>, {{1, 4}, {4096, 32768}, {1}, {64}},

@@ -1624,6 +1624,10 @@ std::vector<config> decode_configs() {
   // the column layout's value sums: in pairs (AVX-512: more than 8 rows, f32 values, dv even; above:
   // 10, 12 and 16 rows, dv 24, 64 and 66), and row by row for an odd dv
   add(5, 900, 4, 2, 32, 17, layout::bshd, true, padding::none, offset::q_offset);
+  // a BHSD cache read a kv head at a time (heads_outer) with the row layout: 1 and 2 rows per query head,
+  // the keys' register blocks compiled for d = 128
+  add(1, 2100, 8, 2, 128, 128, layout::bhsd, true, padding::mask, offset::q_offset);
+  add(2, 1100, 4, 2, 128, 64, layout::bhsd, true, padding::lengths, offset::q_offset);
   return out;
 }
 
@@ -1751,7 +1755,9 @@ TEST_CASE("attention, decode path: bitwise identical for 1, 2 and 8 threads (fix
   columns.Sk = 2500;
   uneven.Sk = 2600;
   uneven.pad = padding::mask;
-  for (const config& c : {one_kv_head, padded, split, columns, uneven}) {
+  config heads_apart = uneven, columns_apart = columns;  // BHSD: each item's kv heads one after the other
+  heads_apart.order = columns_apart.order = layout::bhsd;
+  for (const config& c : {one_kv_head, padded, split, columns, uneven, heads_apart, columns_apart}) {
     INFO(describe(c));
     const problem p(c);
     hooks_without_values enc{.rot = {}, .bias = {}, .rel = relative_terms(3, c.D, 7)};

@@ -118,6 +118,17 @@ inline constexpr index_t decode_prefetch_rows = 32;
 /// rows ahead measured f16 1.32, f32 4 rows 1.14, f32 1 row 0.97-1.02.
 inline constexpr index_t decode_sweep_prefetch_rows = 4;
 
+/// Bytes ahead that the products prefetch, into L1 or L2 as with_sweep_locality chooses, when an item
+/// takes its kv heads one after the other (a cache whose heads' rows are adjacent, BHSD: each head's
+/// keys and values are two runs of rows read in address order): reading row j of a head, the row
+/// this many bytes further. Measured against the same step on a BSHD copy of the cache (1 row, GQA
+/// 32/8, d = 128, one core of a Zen 5 VM, f32 and f16, Lk = 4096 and 32768, calls rotating over
+/// 384-512 MiB of caches, the variants in turn, medians of per-call ratios, two runs): 4 KiB
+/// 1.08-1.27x, 8 KiB 0.97-1.25x, 12 KiB 1.00-1.05x (one run), 16 KiB 1.03-1.20x, 8 KiB the fastest in
+/// 7 of the 8 cases (f32 at Lk = 32768 1.25 against 1.20 at 16 KiB in one run); the keys 4 rows and
+/// the values one tile (32 rows) ahead into L2, as with the heads inner, 1.14-1.32x.
+inline constexpr index_t decode_stream_prefetch_bytes = index_t{8} << 10;
+
 /// The smallest L1 data cache for which the sweeps across the heads (the keys, and the values in
 /// chunks: decode_value_chunk_keys) prefetch into L1; below it, or where the size is unknown, into
 /// L2. With f32 the block being read and the one prefetched take 32 KiB: a third of a 48 KiB L1 is
@@ -315,16 +326,15 @@ inline void with_head_dim(index_t d, F&& f) {
 /// rows of all heads are one contiguous run: address order). q(h): head h's R rows (row stride d); key
 /// j of head h at k + j * k_stride + h * k_head; head h's scores at s + h * s_head, R x cols (row
 /// stride cols). More rows per head sweep the tile once per block (from L2 after the first). D as
-/// row_dots_block; `ahead` > 0: the keys are prefetched decode_sweep_prefetch_rows rows ahead into
-/// the level Locality names (with_sweep_locality; `ahead` = 0: the item reads no further tile). The
-/// blocks are called here directly, not through row_dots: one call of it per block and head (its
-/// row-block dispatch, not inlined) measured 0.88-0.94x the time without it (f32, 1 row, GQA 32/8,
-/// d = 128, Lk = 512 to 32768), and f16 0.91x at Lk = 4096.
+/// row_dots_block; the keys are prefetched `near` rows ahead into the level Locality names
+/// (decode_sweep_prefetch_rows or decode_stream_prefetch_bytes, with_sweep_locality; 0: none, when
+/// the item reads no further tile). The blocks are called here directly, not through row_dots: one
+/// call of it per block and head (its row-block dispatch, not inlined) measured 0.88-0.94x the time
+/// without it (f32, 1 row, GQA 32/8, d = 128, Lk = 512 to 32768), and f16 0.91x at Lk = 4096.
 template <int R, index_t D, int Locality, class T, class KV, class Q>
 void row_dots_across_heads(Q&& q, index_t heads, const KV* k, index_t k_stride, index_t k_head, index_t cols, index_t d,
-                           T* s, index_t s_head, index_t ahead) {
+                           T* s, index_t s_head, index_t near) {
   constexpr int J = dot_block_keys;
-  const index_t near = ahead > 0 ? decode_sweep_prefetch_rows : 0;  // `ahead` = 0: nothing past the item
   index_t j = 0;
   for (; j + J <= cols; j += J)
     for (index_t h = 0; h < heads; ++h)
