@@ -1755,7 +1755,9 @@ TEST_CASE("attention, decode path: bitwise identical for 1, 2 and 8 threads (fix
   columns.Sk = 2500;
   uneven.Sk = 2600;
   uneven.pad = padding::mask;
-  config heads_apart = uneven, columns_apart = columns;  // BHSD: each item's kv heads one after the other
+  // BHSD: without an encoding (the double runs) each item takes its kv heads one after the other; the
+  // rotating encoding stages its keys, which keeps them tile by tile
+  config heads_apart = uneven, columns_apart = columns;
   heads_apart.order = columns_apart.order = layout::bhsd;
   for (const config& c : {one_kv_head, padded, split, columns, uneven, heads_apart, columns_apart}) {
     INFO(describe(c));

@@ -367,14 +367,13 @@ class decode_attention {
     if (values_swept()) return add_values_across_heads(b, blk, scores, sc);
     for (index_t hk = sc.head_first; hk < sc.head_end; ++hk) {
       const auto v = value_rows(b, hk, blk, sc);
-      if (heads_outer()) {  // one head's value rows, read as a run: prefetched as the keys are
-        with_sweep_locality([&](auto L) {
-          add_weighted<L()>(scores + hk * G * n, n, G, v.data, v.stride, n, vdim_, group(sc, hk).acc.data(), vdim_,
-                            v.ahead > 0 ? near_rows(vdim_) : 0);
-        });
-      } else {
-        add_weighted(scores + hk * G * n, n, G, v.data, v.stride, n, vdim_, group(sc, hk).acc.data(), vdim_, v.ahead);
-      }
+      const auto add = [&](auto L, index_t ahead) {
+        add_weighted<L()>(scores + hk * G * n, n, G, v.data, v.stride, n, vdim_, group(sc, hk).acc.data(), vdim_, ahead);
+      };
+      if (heads_outer())  // one head's value rows, read as a run: prefetched as the keys are
+        with_sweep_locality([&](auto L) { add(L, v.ahead > 0 ? near_rows(vdim_) : 0); });
+      else
+        add(std::integral_constant<int, to_l2>{}, v.ahead);
     }
   }
 
