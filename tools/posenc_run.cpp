@@ -42,6 +42,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <unsupported/Eigen/CXX11/ThreadPool>
 #include <utility>
 #include <vector>
@@ -341,16 +342,24 @@ struct visibility {
   }
 };
 
+/// How k and v reach the kernel: in the run's dtype, or (the kinds that read FORMAT.md 5.11 kv_dtype)
+/// stored as that dtype names. Only the second instantiates the kernel for f16 and bf16 storage too:
+/// with every kind doing so, posenc-run's one translation unit took 214 s to compile (g++ 12 -O2).
+struct kv_in_run_dtype {};
+struct kv_stored_as {
+  std::string_view dtype;  // "" (the run's dtype), "f16" or "bf16"
+};
+
 /// Run the fused kernel with lse and derive probs p_ij = exp(s_ij - lse_i) (see the file comment;
 /// with sinks lse includes the sink, so these are the probabilities without a sink column).
 /// `bias(b, h, i, j)` is the additive term after the scale and opt.logit_softcap. The scores use q and k, or q_scores /
 /// k_scores when the encoding transforms them inside the kernel (RoPE: the rotated operands).
-template <class T, class E, class Bias>
+template <class T, class E, class Bias, class KVStorage = kv_in_run_dtype>
 void attention_outputs(const run_env& env, results& r, const std::vector<T>& q, const std::vector<std::int64_t>& qs,
                        const std::vector<T>& k, const std::vector<std::int64_t>& ks, const std::vector<T>& v,
                        const std::vector<std::int64_t>& vs, const E& enc, posenc::attention_options opt,
                        const visibility& vis, double scale, Bias&& bias, const std::vector<T>* q_scores = nullptr,
-                       const std::vector<T>* k_scores = nullptr, std::string_view kv_dtype = {}) {
+                       const std::vector<T>* k_scores = nullptr, [[maybe_unused]] KVStorage kv = {}) {
   const index_t B = qs[0], Sq = qs[1], H = qs[2], D = qs[3], Sk = ks[1], Hkv = ks[2], Dv = vs[3];
   std::vector<T> out(static_cast<std::size_t>(B * Sq * H * Dv));
   std::vector<T> lse(static_cast<std::size_t>(B * H * Sq));
@@ -364,9 +373,13 @@ void attention_outputs(const run_env& env, results& r, const std::vector<T>& q, 
                              posenc::bshd(out.data(), B, Sq, H, Dv), posenc::tensor_map<T, 3>(lse.data(), B, H, Sq), enc,
                              opt);
   };
-  if (kv_dtype == "f16") run_stored(Eigen::half{});
-  else if (kv_dtype == "bf16") run_stored(Eigen::bfloat16{});
-  else
+  std::string_view kv_dtype;
+  if constexpr (std::is_same_v<KVStorage, kv_stored_as>) {
+    kv_dtype = kv.dtype;
+    if (kv_dtype == "f16") run_stored(Eigen::half{});
+    else if (kv_dtype == "bf16") run_stored(Eigen::bfloat16{});
+  }
+  if (kv_dtype.empty())
     posenc::attention<T>(view_bshd(q, qs), view_bshd(k, ks), view_bshd(v, vs), posenc::bshd(out.data(), B, Sq, H, Dv),
                          posenc::tensor_map<T, 3>(lse.data(), B, H, Sq), enc, opt);
   r.add_real<T>("out", {B, Sq, H, Dv}, out);
@@ -626,10 +639,11 @@ results run_attention(const run_env& env) {
     const tensor_bias<T> enc(c.real<T>("bias"), c.shape("bias"), B, H, Sq, Sk);
     attention_outputs<T>(env, r, q, qs, k, ks, v, vs, enc, opt, vis, scale,
                          [&](index_t b, index_t h, index_t i, index_t j) { return enc.at(b, h, i, j); }, nullptr,
-                         nullptr, kv_dtype);
+                         nullptr, kv_stored_as{kv_dtype});
   } else {
     attention_outputs<T>(env, r, q, qs, k, ks, v, vs, posenc::no_position{}, opt, vis, scale,
-                         [](index_t, index_t, index_t, index_t) { return 0.0; }, nullptr, nullptr, kv_dtype);
+                         [](index_t, index_t, index_t, index_t) { return 0.0; }, nullptr, nullptr,
+                         kv_stored_as{kv_dtype});
   }
   return r;
 }
