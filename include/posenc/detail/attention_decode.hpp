@@ -88,6 +88,7 @@ struct decode_scratch {
     bool rescale = false;  ///< the last softmax step left some alpha != 1 (column layout)
   };
   std::vector<group_state> groups;  ///< per kv head
+  std::vector<const T*> q_heads;     ///< the current item's groups' q_scaled, for scores_across_heads
   index_t head_first = 0, head_end = 0;  ///< the kv heads of the current work item
   buffer k_work, v_work, scores, score_rows;
   buffer weights, alpha;  ///< add_weighted_pairs' duplicated weights and alpha
@@ -129,7 +130,10 @@ class decode_attention {
     const index_t chunks = head_chunks(pool != nullptr ? static_cast<index_t>(pool->NumThreads()) : 1);
     for_each_item<decode_scratch<T>>(
         pool, masks_.batch * segments_ * chunks,
-        [&](decode_scratch<T>& sc) { sc.groups.resize(static_cast<std::size_t>(kv_heads_)); },
+        [&](decode_scratch<T>& sc) {
+          sc.groups.resize(static_cast<std::size_t>(kv_heads_));
+          sc.q_heads.resize(static_cast<std::size_t>(kv_heads_));
+        },
         [&](index_t item, decode_scratch<T>& sc) {
           // the parts outer, so that two threads read different segments, not the two halves of the
           // same tokens at once (in L3, f16 Lk = 3072 cut in 2, 2 threads: 0.86x the time of whole
@@ -491,20 +495,13 @@ class decode_attention {
   /// (keys_swept), then finished per kv head.
   void score_across_heads(index_t b, const key_block& blk, T* scores, decode_scratch<T>& sc) const {
     if constexpr (keys_direct) {  // keys_swept() is false otherwise
-      const index_t G = rows_, n = blk.cols;
-      // one sweep per register block of rows (one for the usual <= 4 rows per kv head): the row
-      // blocks and the head dim dispatched once per tile (decode_kernels.hpp row_dots_across_heads)
-      for_row_blocks(G, [&](auto R, index_t r) {
-        const index_t h0 = sc.head_first;
-        const auto q = [&](index_t h) { return group(sc, h0 + h).q_scaled.data() + r * dim_; };
-        with_head_dim(dim_, [&](auto D) {
-          with_sweep_locality([&](auto L) {
-            row_dots_across_heads<R(), D(), L()>(q, sc.head_end - h0, k_.row(b, blk.first, h0), k_.token_stride(),
-                                                 k_.head_stride(), n, dim_, scores + (h0 * G + r) * n, G * n,
-                                                 r == 0 && sc.ahead > 0 ? near_rows(dim_) : 0);
-          });
-        });
-      });
+      const index_t G = rows_, n = blk.cols, h0 = sc.head_first;
+      // one sweep per register block of rows (one for the usual <= 4 rows per kv head)
+      for (index_t hk = h0; hk < sc.head_end; ++hk)
+        sc.q_heads[static_cast<std::size_t>(hk - h0)] = group(sc, hk).q_scaled.data();
+      scores_across_heads<T, KV>(sc.q_heads.data(), G, sc.head_end - h0, k_.row(b, blk.first, h0), k_.token_stride(),
+                                 k_.head_stride(), n, dim_, scores + h0 * G * n, G * n,
+                                 sc.ahead > 0 ? near_rows(dim_) : 0);
       for (index_t hk = sc.head_first; hk < sc.head_end; ++hk)
         finish_scores(b, hk, blk, in_cache<KV>(k_, b, blk.first, hk, sc.ahead), scores + hk * G * n, group(sc, hk), sc);
     }
