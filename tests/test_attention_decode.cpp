@@ -278,6 +278,20 @@ TEST_CASE("attention: K/V in f16 and bf16, decode and tiled paths, against the r
   }
 }
 
+// Groups wider than the column layout takes (more than 2 packets of rows: 40 float rows with AVX-512,
+// 20 double rows; fewer elsewhere) stay in the row layout, where half-precision keys are read in place
+// by several 4-row blocks, each sweeping the tile across the heads into its own rows of the scores.
+TEST_CASE("attention, decode path: K/V in half precision, groups too wide for the column layout", "[kernel][decode]") {
+  for (config c : {config{.B = 1, .Sq = 5, .Sk = 1100, .H = 8, .Hkv = 1, .D = 64, .Dv = 32, .causal = true,
+                          .pad = padding::mask, .off = offset::q_offset, .path = posenc::attention_path::decode},
+                   config{.B = 2, .Sq = 10, .Sk = 700, .H = 8, .Hkv = 2, .D = 40, .Dv = 40, .causal = true,
+                          .off = offset::q_offset, .path = posenc::attention_path::decode}}) {
+    check_kv<float, Eigen::half>(c, posenc::no_position{});
+    check_kv<float, Eigen::bfloat16>(c, posenc::no_position{});
+    check_kv<double, Eigen::half>(c, posenc::no_position{});
+  }
+}
+
 TEST_CASE("attention: K/V in half precision with a Q/K transform and a bias (both paths)", "[kernel][decode]") {
   for (config c : {config{.B = 2, .Sq = 1, .Sk = 1500, .H = 8, .Hkv = 2, .D = 64, .Dv = 64, .causal = true,
                           .off = offset::q_offset},
