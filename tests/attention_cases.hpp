@@ -419,12 +419,11 @@ inline posenc::reference_terms<double> value_reference(const problem& p, const r
   return r;
 }
 
-// Every hook at once (and a logit scale of its own).
-struct all_hooks {
+// A test encoding with every hook but the value terms (those need the tiled path).
+struct hooks_without_values {
   rotate_qk rot;
   distance_bias bias;
   relative_terms rel;
-  relative_values val;
   static double logit_scale(Index d) { return 0.5 / std::sqrt(static_cast<double>(d)); }
   template <class T>
   void transform_qk(posenc::qk_role r, Index h, std::span<const std::int64_t> pos, posenc::matrix_map<T> x) const {
@@ -438,6 +437,11 @@ struct all_hooks {
   void add_position_bias(const posenc::tile<T>& t, posenc::matrix_map<T> s) const {
     bias.add_position_bias<T>(t, s);
   }
+};
+
+// Every hook at once (and a logit scale of its own).
+struct all_hooks : hooks_without_values {
+  relative_values val;
   [[nodiscard]] Index value_bucket_count() const { return val.value_bucket_count(); }
   template <class T>
   void value_buckets(const posenc::tile<T>& t, posenc::index_tile idx) const {

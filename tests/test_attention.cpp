@@ -332,7 +332,7 @@ TEST_CASE("attention: every hook at once, with the encoding's own logit scale", 
                           .off = offset::q_offset, .window = 50, .q_block = 16, .k_block = 32,
                           .path = posenc::attention_path::tiled, .unfilled = 100}}) {
     const problem p(c);
-    all_hooks enc{.rot = {}, .bias = {}, .rel = relative_terms(2, c.D, 3), .val = relative_values(3, c.H, c.Dv, 5)};
+    all_hooks enc{{.rot = {}, .bias = {}, .rel = relative_terms(2, c.D, 3)}, relative_values(3, c.H, c.Dv, 5)};
     posenc::reference_terms<double> terms;
     terms.bias = distance_bias_terms(p).bias;
     terms.score_term = relative_reference(p, enc.rel).score_term;
@@ -437,7 +437,7 @@ TEST_CASE("attention: bitwise identical results for 1, 2 and 8 threads", "[kerne
                           .order = layout::bhsd}}) {
     INFO(describe(c));
     const problem p(c);
-    all_hooks enc{.rot = {}, .bias = {}, .rel = relative_terms(2, c.D, 3), .val = relative_values(3, c.H, c.Dv, 5)};
+    all_hooks enc{{.rot = {}, .bias = {}, .rel = relative_terms(2, c.D, 3)}, relative_values(3, c.H, c.Dv, 5)};
     const result d1 = run_kernel<double>(p, enc), d2 = run_kernel<double>(p, enc, &two),
                  d8 = run_kernel<double>(p, enc, &eight);
     CHECK(d1.out == d2.out);

@@ -67,26 +67,6 @@ std::vector<config> decode_configs() {
   return out;
 }
 
-// A test encoding with every hook but the value terms (those need the tiled path).
-struct hooks_without_values {
-  rotate_qk rot;
-  distance_bias bias;
-  relative_terms rel;
-  static double logit_scale(Index d) { return 0.5 / std::sqrt(static_cast<double>(d)); }
-  template <class T>
-  void transform_qk(posenc::qk_role r, Index h, std::span<const std::int64_t> pos, posenc::matrix_map<T> x) const {
-    rot.transform_qk<T>(r, h, pos, x);
-  }
-  template <class T>
-  void add_score_terms(const posenc::tile<T>& t, T scale, posenc::matrix_map<T> s) const {
-    rel.add_score_terms<T>(t, scale, s);
-  }
-  template <class T>
-  void add_position_bias(const posenc::tile<T>& t, posenc::matrix_map<T> s) const {
-    bias.add_position_bias<T>(t, s);
-  }
-};
-
 }  // namespace
 
 TEST_CASE("attention, decode path: small sizes, every option combination, double and float", "[kernel][decode]") {
