@@ -88,7 +88,7 @@ struct decode_scratch {
     bool rescale = false;  ///< the last softmax step left some alpha != 1 (column layout)
   };
   std::vector<group_state> groups;  ///< per kv head
-  std::vector<const T*> q_heads;     ///< the current item's groups' q_scaled, for scores_across_heads
+  std::vector<const T*> q_heads;     ///< per kv head, its group's q_scaled (scores_across_heads)
   index_t head_first = 0, head_end = 0;  ///< the kv heads of the current work item
   buffer k_work, v_work, scores, score_rows;
   buffer weights, alpha;  ///< add_weighted_pairs' duplicated weights and alpha
@@ -184,6 +184,7 @@ class decode_attention {
     for (index_t hk = sc.head_first; hk < sc.head_end; ++hk) {
       auto& gs = sc.groups[static_cast<std::size_t>(hk)];
       prepare_queries(b, hk, gs);
+      sc.q_heads[static_cast<std::size_t>(hk)] = gs.q_scaled.data();
       const index_t acc_size = (value_pairs() ? column_lanes() : G) * vdim_;
       T* acc = grow(gs.acc, acc_size);
       std::fill(acc, acc + acc_size, T(0));
@@ -497,9 +498,7 @@ class decode_attention {
     if constexpr (keys_direct) {  // keys_swept() is false otherwise
       const index_t G = rows_, n = blk.cols, h0 = sc.head_first;
       // one sweep per register block of rows (one for the usual <= 4 rows per kv head)
-      for (index_t hk = h0; hk < sc.head_end; ++hk)
-        sc.q_heads[static_cast<std::size_t>(hk - h0)] = group(sc, hk).q_scaled.data();
-      scores_across_heads<T, KV>(sc.q_heads.data(), G, sc.head_end - h0, k_.row(b, blk.first, h0), k_.token_stride(),
+      scores_across_heads<T, KV>(sc.q_heads.data() + h0, G, sc.head_end - h0, k_.row(b, blk.first, h0), k_.token_stride(),
                                  k_.head_stride(), n, dim_, scores + h0 * G * n, G * n,
                                  sc.ahead > 0 ? near_rows(dim_) : 0);
       for (index_t hk = sc.head_first; hk < sc.head_end; ++hk)
