@@ -157,6 +157,20 @@ result run_kernel(const problem& p, const E& enc, Eigen::ThreadPoolInterface* po
   return {std::vector<double>(out.begin(), out.end()), std::vector<double>(lse.begin(), lse.end())};
 }
 
+// The kernel in T on 1, 2 and 8 threads: output and lse bitwise the same (the work is cut at fixed
+// points and merged in a fixed order, whatever the pool). Returns the 8-thread result.
+template <class T, class E>
+result expect_same_for_pools(const problem& p, const E& enc, Eigen::ThreadPoolInterface& two,
+                             Eigen::ThreadPoolInterface& eight) {
+  INFO((std::is_same_v<T, float> ? "float" : "double"));
+  const result one = run_kernel<T>(p, enc), r2 = run_kernel<T>(p, enc, &two), r8 = run_kernel<T>(p, enc, &eight);
+  CHECK(one.out == r2.out);
+  CHECK(one.out == r8.out);
+  CHECK(one.lse == r2.lse);
+  CHECK(one.lse == r8.lse);
+  return r8;
+}
+
 // Reference in double on the same inputs rounded to T (so only the kernel's arithmetic differs).
 // `qk` optionally rewrites the (rounded) q and k first (the materialized Q/K transform).
 template <class T, class QK = std::nullptr_t>

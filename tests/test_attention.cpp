@@ -437,18 +437,10 @@ TEST_CASE("attention: bitwise identical results for 1, 2 and 8 threads", "[kerne
                           .order = layout::bhsd}}) {
     INFO(describe(c));
     const problem p(c);
-    all_hooks enc{{.rot = {}, .bias = {}, .rel = relative_terms(2, c.D, 3)}, relative_values(3, c.H, c.Dv, 5)};
-    const result d1 = run_kernel<double>(p, enc), d2 = run_kernel<double>(p, enc, &two),
-                 d8 = run_kernel<double>(p, enc, &eight);
-    CHECK(d1.out == d2.out);
-    CHECK(d1.out == d8.out);
-    CHECK(d1.lse == d2.lse);
-    CHECK(d1.lse == d8.lse);
-    const result f1 = run_kernel<float>(p, posenc::no_position{}), f2 = run_kernel<float>(p, posenc::no_position{}, &two),
-                 f8 = run_kernel<float>(p, posenc::no_position{}, &eight);
-    CHECK(f1.out == f2.out);
-    CHECK(f1.out == f8.out);
-    CHECK(f1.lse == f8.lse);
+    expect_same_for_pools<double>(
+        p, all_hooks{{.rot = {}, .bias = {}, .rel = relative_terms(2, c.D, 3)}, relative_values(3, c.H, c.Dv, 5)}, two,
+        eight);
+    expect_same_for_pools<float>(p, posenc::no_position{}, two, eight);
   }
 }
 

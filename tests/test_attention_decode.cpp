@@ -178,15 +178,9 @@ TEST_CASE("attention, decode path: bitwise identical for 1, 2 and 8 threads (fix
   for (const config& c : {one_kv_head, padded, split, columns, uneven, heads_apart, columns_apart}) {
     INFO(describe(c));
     const problem p(c);
-    hooks_without_values enc{.rot = {}, .bias = {}, .rel = relative_terms(3, c.D, 7)};
-    const result f1 = run_kernel<float>(p, enc), f2 = run_kernel<float>(p, enc, &two),
-                 f8 = run_kernel<float>(p, enc, &eight);
-    CHECK(f1.out == f2.out);
-    CHECK(f1.out == f8.out);
-    CHECK(f1.lse == f2.lse);
-    CHECK(f1.lse == f8.lse);
-    const result d1 = run_kernel<double>(p, posenc::no_position{}), d8 = run_kernel<double>(p, posenc::no_position{}, &eight);
-    CHECK(d1.out == d8.out);
+    expect_same_for_pools<float>(p, hooks_without_values{.rot = {}, .bias = {}, .rel = relative_terms(3, c.D, 7)},
+                                 two, eight);
+    const result d8 = expect_same_for_pools<double>(p, posenc::no_position{}, two, eight);
     const result want = run_reference<double>(p, {});
     expect_close<double>(d8.out, want.out, "out, 8 threads");
     expect_close<double>(d8.lse, want.lse, "lse, 8 threads");
