@@ -333,9 +333,10 @@ class decode_attention {
   [[nodiscard]] bool stage_stored_rows() const { return std::is_same_v<KV, T> && rows_ > 4; }
 
   /// Rows of K or V as the products read them: in the cache (stored as KV, or as T when that is the
-  /// cache's type) or staged in T; `ahead` rows of the same head are prefetched for the cache's rows
-  /// (decode_kernels.hpp decode_prefetch_rows, decode_scratch::ahead), none for a staged copy (the
-  /// staging prefetches the cache's rows instead: kv_storage.hpp stage_rows).
+  /// cache's type) or staged in T. For the cache's rows the products prefetch `ahead`: rows of the same
+  /// head in the row layout (decode_kernels.hpp decode_prefetch_rows, decode_scratch::ahead), elements
+  /// in the column layout (column_prefetch); none for a staged copy (the staging prefetches the cache's
+  /// rows instead: kv_storage.hpp stage_rows).
   template <class E>
   struct rows_ref {
     const E* data;
@@ -413,6 +414,19 @@ class decode_attention {
     }
   }
 
+  /// Elements from a row of kv head hk in the current tile to the same element of the rows the column
+  /// layout reads decode_column_prefetch_heads head passes later (as many as the item has, at most):
+  /// those of a later head of the item in this tile, or, past its last head, in the next tile; 0 (no
+  /// prefetch) when the item does not read the next tile (decode_scratch::ahead). In BHSD the offset
+  /// may be negative; prefetch_past takes it modulo 2^64.
+  template <class X>
+  [[nodiscard]] static index_t column_prefetch(const X& x, index_t hk, const decode_scratch<T>& sc) {
+    if (sc.ahead == 0) return 0;
+    const index_t heads = sc.head_end - sc.head_first, later = std::min(decode_column_prefetch_heads, heads);
+    if (hk + later < sc.head_end) return later * x.head_stride();
+    return sc.ahead * x.token_stride() + (later - heads) * x.head_stride();
+  }
+
   /// run_tile in the column layout: per kv head S^T = K Q^T (column_dots), the masks applied to it in
   /// place (masks_only) or, with hooks or a softcap, the scores turned into rows and back, the softmax
   /// down the columns; then O += P V (add_weighted_rows), each head's values read once, in place when
@@ -444,18 +458,18 @@ class decode_attention {
       if constexpr (std::is_same_v<T, float> && std::is_same_v<KV, float>) {
         if (value_pairs()) {
           add_weighted_pairs(scores + hk * n * lanes, lanes, v_.row(b, blk.first, hk), v_.token_stride(), n, vdim_,
-                             gs.acc.data(), alpha, sc.ahead, grow(sc.weights, 32 * n), grow(sc.alpha, 32));
+                             gs.acc.data(), alpha, column_prefetch(v_, hk, sc), grow(sc.weights, 32 * n),
+                             grow(sc.alpha, 32));
           continue;
         }
       }
 #endif
       if constexpr (values_direct) {
         add_weighted_rows(scores + hk * n * lanes, lanes, G, v_.row(b, blk.first, hk), v_.token_stride(), n, vdim_,
-                          gs.acc.data(), vdim_, alpha, sc.ahead);
-      } else {
+                          gs.acc.data(), vdim_, alpha, column_prefetch(v_, hk, sc));
+      } else {  // staged (value_rows prefetches the cache's rows a tile ahead)
         const auto v = value_rows(b, hk, blk, sc);
-        add_weighted_rows(scores + hk * n * lanes, lanes, G, v.data, v.stride, n, vdim_, gs.acc.data(), vdim_, alpha,
-                          v.ahead);
+        add_weighted_rows(scores + hk * n * lanes, lanes, G, v.data, v.stride, n, vdim_, gs.acc.data(), vdim_, alpha);
       }
     }
   }
@@ -480,10 +494,10 @@ class decode_attention {
   /// is read once, as a run of broadcasts), else widened (and rotated) into the staging buffer.
   rows_ref<T> column_key_rows(index_t b, index_t hk, const key_block& blk, decode_scratch<T>& sc) const {
     if constexpr (std::is_same_v<KV, T> && !transforms_keys) {
-      return in_cache<T>(k_, b, blk.first, hk, sc.ahead);
+      return in_cache<T>(k_, b, blk.first, hk, column_prefetch(k_, hk, sc));
     } else {
       T* dst = grow(sc.k_work, blk.cols * dim_);
-      stage_rows(k_.row(b, blk.first, hk), k_.token_stride(), blk.cols, dim_, dst, sc.ahead);
+      stage_rows(k_.row(b, blk.first, hk), k_.token_stride(), blk.cols, dim_, dst, column_prefetch(k_, hk, sc));
       if constexpr (transforms_keys)
         enc_.transform_qk(qk_role::key, hk,
                           std::span<const std::int64_t>(masks_.kp(b) + blk.first, static_cast<std::size_t>(blk.cols)),
@@ -580,7 +594,7 @@ class decode_attention {
       if constexpr (direct)
         if (!stage_stored_rows()) return in_cache<T>(x, b, blk.first, hk, ahead);
       T* dst = grow(buffer, blk.cols * dim);
-      stage_rows(x.row(b, blk.first, hk), x.token_stride(), blk.cols, dim, dst, ahead);
+      stage_rows(x.row(b, blk.first, hk), x.token_stride(), blk.cols, dim, dst, ahead * x.token_stride());
       return rows_ref<T>{dst, dim};
     }
   }

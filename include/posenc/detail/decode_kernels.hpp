@@ -105,6 +105,20 @@ struct kv_packets<Eigen::bfloat16, float> {
 /// Lk <= 1024) pays for the instructions, 1.12-1.23.
 inline constexpr index_t decode_prefetch_rows = 32;
 
+/// The column layout (more than 4 rows per kv head) takes a tile head by head, the keys of every kv
+/// head and then their values, and prefetches instead the rows it reads 3 head passes later: in a
+/// pass over one head's rows it prefetches the same lines of the head 3 further in the item (as many
+/// as the item has, at most), in this tile or, past the item's last head, in the next tile
+/// (decode_attention::column_prefetch). A tile ahead, a call held two tiles of K and V in L2 besides
+/// the accumulators (512 KiB with f32 and 8 kv heads of 128), and reading the cache cost 0.14-0.24 us
+/// per key on top of the products (docs/performance.md › Where the 4-row step's time goes from
+/// DRAM). Paired calls, time against a tile ahead (GQA 32/8, d = 128, Zen 5 VM, calls rotating over
+/// 384-512 MiB of caches; Lk = 4096 / 32768 / 1024 in L3), f32 4 rows: 2 heads later 0.90 / 0.88 /
+/// 0.93, 3 heads 0.87 / 0.88 / 0.90, 4 heads 0.89 / 0.90 / 0.94, 5 heads 0.89 / 0.90 / 0.94, 6 heads
+/// 0.94 / 0.92 / 0.96; 3 heads on 2 threads 0.93 / 0.93 / 0.96; f32 2 rows 0.94 / 0.95 / 0.93; f16 4
+/// rows (staged keys) 0.99 / 0.98 / 0.99. The 1-row step does not use it (1.00).
+inline constexpr index_t decode_column_prefetch_heads = 3;
+
 /// The keys swept across the heads (row_dots_across_heads) prefetch 4 rows ahead instead: a block of
 /// 4 keys reads 4 whole token rows in turn (16 KiB in BSHD with f32, 8 kv heads of 128), and the same
 /// lines 4 rows further are the next block's, read about a block's time later; into L1 or L2 as
@@ -420,7 +434,8 @@ POSENC_ALWAYS_INLINE void key_row_pointers(const T* k, index_t k_stride, const T
 
 /// step(t) for t = 0, S, 2 S, ... < d (S = 1, or 2 with d even), in that order, several dimensions per
 /// iteration so that the key rows are addressed by their pointer plus a constant (one index update per
-/// 4 x KB FMAs or more); `ahead` > 0 prefetches the key rows that many rows further, once per line.
+/// 4 x KB FMAs or more); `prefetch` != 0 prefetches the line `prefetch` elements past each line of the
+/// key rows, once per line.
 /// With the prefetch, a whole line of dimensions per iteration, the prefetches at its head: the body
 /// has no branch. A test per 4 dimensions (the line's first or not) measured slower with clang++ 14
 /// -O3 -march=native, which built column_pair_block<8> with its broadcasts stored to the stack and
@@ -429,16 +444,16 @@ POSENC_ALWAYS_INLINE void key_row_pointers(const T* k, index_t k_stride, const T
 /// 2 rows 0.78, f16 and bf16 4 rows 0.81-0.82, 1 row (row layout) 1.00; g++ 12 had no spills either
 /// way (1.00).
 template <int S, int KB, class T, class Step>
-POSENC_ALWAYS_INLINE void sweep_dims(const T* (&kr)[KB], index_t d, index_t k_stride, index_t ahead, Step&& step) {
+POSENC_ALWAYS_INLINE void sweep_dims(const T* (&kr)[KB], index_t d, index_t prefetch, Step&& step) {
   constexpr index_t line = line_elements<T>;
   index_t t = 0;
-  if (ahead > 0) {
+  if (prefetch != 0) {
     for (; t + line <= d; t += line) {
-      for (int j = 0; j < KB; ++j) prefetch_rows_ahead(kr[j] + t, ahead, k_stride);
+      for (int j = 0; j < KB; ++j) prefetch_past(kr[j] + t, prefetch);
       for (index_t u = 0; u < line; u += S) step(t + u);
     }
     if (t < d)  // the rows' last, partial line (d * sizeof(T) not a multiple of 64)
-      for (int j = 0; j < KB; ++j) prefetch_rows_ahead(kr[j] + t, ahead, k_stride);
+      for (int j = 0; j < KB; ++j) prefetch_past(kr[j] + t, prefetch);
   }
   for (; t + 4 <= d; t += 4)
     for (int u = 0; u < 4; u += S) step(t + u);
@@ -447,7 +462,7 @@ POSENC_ALWAYS_INLINE void sweep_dims(const T* (&kr)[KB], index_t d, index_t k_st
 
 /// KB keys of column_dots: acc[j] = sum_t k_j[t] qc[t], one dimension per broadcast (sweep_dims).
 template <int KB, int NP, class T>
-inline void column_dots_block(const T* qc, index_t d, const T* k, index_t k_stride, T* st, index_t ld, index_t ahead) {
+inline void column_dots_block(const T* qc, index_t d, const T* k, index_t k_stride, T* st, index_t ld, index_t prefetch) {
   using P = typename packet_of<T>::type;
   constexpr index_t W = packet_of<T>::width, L = NP * W;
   namespace in = Eigen::internal;
@@ -456,7 +471,7 @@ inline void column_dots_block(const T* qc, index_t d, const T* k, index_t k_stri
     for (P& x : a) x = in::pset1<P>(T(0));
   const T* kr[KB];
   key_row_pointers(k, k_stride, kr);
-  sweep_dims<1>(kr, d, k_stride, ahead, [&](index_t t) {
+  sweep_dims<1>(kr, d, prefetch, [&](index_t t) {
     P qp[NP];
     for (int i = 0; i < NP; ++i) qp[i] = in::ploadu<P>(qc + t * L + i * W);
     for (int j = 0; j < KB; ++j) {
@@ -479,9 +494,9 @@ inline void for_key_blocks(index_t cols, F&& f) {
 
 template <int NP, class T>
 void column_dots_n(const T* qc, index_t d, const T* k, index_t k_stride, index_t cols, T* st, index_t ld,
-                   index_t ahead) {
+                   index_t prefetch) {
   for_key_blocks<column_block_keys / NP>(cols, [&](auto KB, index_t j) {
-    column_dots_block<KB(), NP>(qc, d, k + j * k_stride, k_stride, st + j * ld, ld, ahead);
+    column_dots_block<KB(), NP>(qc, d, k + j * k_stride, k_stride, st + j * ld, ld, prefetch);
   });
 }
 
@@ -520,12 +535,12 @@ POSENC_ALWAYS_INLINE __m512 broadcast_pair(const float* x) {
 /// head 0.94-0.95 (Lk = 1024 to 32768, 1 and 2 threads), 2 rows 0.91, f16 and bf16 4 rows 0.97.
 template <int KB>
 inline void column_pair_block(const float* qp, index_t d, const float* k, index_t k_stride, float* st, index_t ld,
-                              index_t ahead) {
+                              index_t prefetch) {
   __m512 acc[KB][2];
   for (auto& a : acc) a[0] = a[1] = _mm512_setzero_ps();
   const float* kr[KB];
   key_row_pointers(k, k_stride, kr);
-  sweep_dims<2>(kr, d, k_stride, ahead, [&](index_t t) {  // dimensions t, t + 1
+  sweep_dims<2>(kr, d, prefetch, [&](index_t t) {  // dimensions t, t + 1
     const __m512 qa = _mm512_loadu_ps(qp + t * 16), qb = _mm512_loadu_ps(qp + t * 16 + 16);
     for (int j = 0; j < KB; ++j) {
       const __m512 kb = broadcast_pair(kr[j] + t);
@@ -543,25 +558,25 @@ inline void column_pair_block(const float* qp, index_t d, const float* k, index_
 
 /// S^T (cols x lanes, row stride ld: row j holds key j's scores for every query row) = K Q^T, from
 /// qc as column_queries lays out Q (query rows as lanes, zero padded to lanes = 1 or 2 packets) and K
-/// (cols x d) rows of T; `ahead` > 0 prefetches the key rows that many rows further
-/// (decode_prefetch_rows).
+/// (cols x d) rows of T; `prefetch` != 0 prefetches into L2 the line `prefetch` elements past each
+/// line of the key rows (decode_column_prefetch_heads).
 template <class T>
 void column_dots(const T* qc, index_t lanes, index_t d, const T* k, index_t k_stride, index_t cols, T* st, index_t ld,
-                 index_t ahead = 0) {
+                 index_t prefetch = 0) {
 #if defined(EIGEN_VECTORIZE_AVX512)
   if constexpr (std::is_same_v<T, float>) {
     if (column_pairs<T>(lanes, d)) {
       for_key_blocks<column_block_keys>(cols, [&](auto KB, index_t j) {
-        column_pair_block<KB()>(qc, d, k + j * k_stride, k_stride, st + j * ld, ld, ahead);
+        column_pair_block<KB()>(qc, d, k + j * k_stride, k_stride, st + j * ld, ld, prefetch);
       });
       return;
     }
   }
 #endif
   if (lanes == packet_of<T>::width)
-    column_dots_n<1>(qc, d, k, k_stride, cols, st, ld, ahead);
+    column_dots_n<1>(qc, d, k, k_stride, cols, st, ld, prefetch);
   else
-    column_dots_n<2>(qc, d, k, k_stride, cols, st, ld, ahead);
+    column_dots_n<2>(qc, d, k, k_stride, cols, st, ld, prefetch);
 }
 
 
@@ -668,7 +683,7 @@ inline void with_rows(index_t r, F&& f) {
 template <int R, int NP, class T, class KV>
 POSENC_ALWAYS_INLINE void add_weighted_rows_packets(const T* pt, index_t ld, const KV* v, index_t v_stride,
                                                     index_t cols, index_t t, T* o, index_t o_stride, const T* alpha,
-                                                    index_t ahead) {
+                                                    index_t prefetch) {
   using P = typename packet_of<T>::type;
   constexpr index_t W = packet_of<T>::width;
   namespace in = Eigen::internal;
@@ -681,9 +696,9 @@ POSENC_ALWAYS_INLINE void add_weighted_rows_packets(const T* pt, index_t ld, con
   for (index_t j = 0; j < cols; ++j) {
     P vp[NP];
     for (int i = 0; i < NP; ++i) vp[i] = kv_packets<KV, T>::load(v + j * v_stride + t + i * W);
-    if (ahead > 0)
+    if (prefetch != 0)
       for (int i = 0; i < NP; ++i)
-        if (starts_line<KV>(t + i * W)) prefetch_rows_ahead(v + j * v_stride + t + i * W, ahead, v_stride);
+        if (starts_line<KV>(t + i * W)) prefetch_past(v + j * v_stride + t + i * W, prefetch);
     const T* w = pt + j * ld;
     for (int r = 0; r < R; ++r) {
       const P wr = in::pset1<P>(w[r]);
@@ -698,13 +713,13 @@ POSENC_ALWAYS_INLINE void add_weighted_rows_packets(const T* pt, index_t ld, con
 /// packets, then a scalar tail.
 template <int R, class T, class KV>
 inline void add_weighted_rows_block(const T* pt, index_t ld, const KV* v, index_t v_stride, index_t cols, index_t dv,
-                                    T* o, index_t o_stride, const T* alpha, index_t ahead) {
+                                    T* o, index_t o_stride, const T* alpha, index_t prefetch) {
   constexpr index_t W = packet_of<T>::width;
   constexpr int NP = weighted_column_packets;
   index_t t = 0;
   for (; t + NP * W <= dv; t += NP * W)
-    add_weighted_rows_packets<R, NP>(pt, ld, v, v_stride, cols, t, o, o_stride, alpha, ahead);
-  for (; t + W <= dv; t += W) add_weighted_rows_packets<R, 1>(pt, ld, v, v_stride, cols, t, o, o_stride, alpha, ahead);
+    add_weighted_rows_packets<R, NP>(pt, ld, v, v_stride, cols, t, o, o_stride, alpha, prefetch);
+  for (; t + W <= dv; t += W) add_weighted_rows_packets<R, 1>(pt, ld, v, v_stride, cols, t, o, o_stride, alpha, prefetch);
   for (; t < dv; ++t)
     for (int r = 0; r < R; ++r) {
       T sum = alpha != nullptr ? alpha[r] * o[r * o_stride + t] : o[r * o_stride + t];
@@ -715,16 +730,16 @@ inline void add_weighted_rows_block(const T* pt, index_t ld, const KV* v, index_
 
 /// O (rows x dv, row stride o_stride) = diag(alpha) O + P V with P given as P^T (cols x rows, row
 /// stride ld) and V (cols x dv) stored as KV; alpha may be null (no rescale). Each value packet is
-/// loaded once per weighted_column_rows rows; `ahead` > 0 prefetches the value rows that many rows
-/// further.
+/// loaded once per weighted_column_rows rows; `prefetch` != 0 prefetches into L2 the line `prefetch`
+/// elements past each line of the value rows.
 template <class T, class KV>
 void add_weighted_rows(const T* pt, index_t ld, index_t rows, const KV* v, index_t v_stride, index_t cols, index_t dv,
-                       T* o, index_t o_stride, const T* alpha, index_t ahead = 0) {
+                       T* o, index_t o_stride, const T* alpha, index_t prefetch = 0) {
   constexpr int B = weighted_column_rows;
   for (index_t r = 0; r < rows; r += B)
     with_rows<B>(std::min<index_t>(B, rows - r), [&](auto R) {
       add_weighted_rows_block<R()>(pt + r, ld, v, v_stride, cols, dv, o + r * o_stride, o_stride,
-                                   alpha != nullptr ? alpha + r : nullptr, r == 0 ? ahead : 0);
+                                   alpha != nullptr ? alpha + r : nullptr, r == 0 ? prefetch : 0);
     });
 }
 
@@ -735,7 +750,7 @@ void add_weighted_rows(const T* pt, index_t ld, index_t rows, const KV* v, index
 /// value line is read once for all the rows. NPR dimension pairs from dimension t, over all `cols` keys.
 template <int NPR>
 POSENC_ALWAYS_INLINE void weighted_pairs_block(const float* wp, const float* v, index_t v_stride, index_t cols,
-                                               index_t t, float* oc, const float* alpha, index_t ahead) {
+                                               index_t t, float* oc, const float* alpha, index_t prefetch) {
   __m512 acc[NPR][2];
   for (int i = 0; i < NPR; ++i)
     for (int g = 0; g < 2; ++g) acc[i][g] = _mm512_loadu_ps(oc + (t / 2 + i) * 32 + g * 16);
@@ -748,7 +763,7 @@ POSENC_ALWAYS_INLINE void weighted_pairs_block(const float* wp, const float* v, 
   hide_pointer(vr);
   for (index_t j = 0; j < cols; ++j, vr += v_stride) {
     const __m512 w0 = _mm512_loadu_ps(wp + j * 32), w1 = _mm512_loadu_ps(wp + j * 32 + 16);
-    if (ahead > 0 && starts_line<float>(t)) prefetch_rows_ahead(vr, ahead, v_stride);
+    if (prefetch != 0 && starts_line<float>(t)) prefetch_past(vr, prefetch);
     for (int i = 0; i < NPR; ++i) {
       const __m512 b = broadcast_pair(vr + 2 * i);
       acc[i][0] = _mm512_fmadd_ps(b, w0, acc[i][0]);
@@ -777,12 +792,12 @@ inline void weight_pairs(const float* pt, index_t ld, index_t cols, float* wp, c
 /// V (cols x dv, dv even) in f32: 8 dimension pairs (one value line) at a time. `wp` holds 32 x cols
 /// floats, `alpha_pairs` 32 (scratch).
 inline void add_weighted_pairs(const float* pt, index_t ld, const float* v, index_t v_stride, index_t cols, index_t dv,
-                               float* oc, const float* alpha, index_t ahead, float* wp, float* alpha_pairs) {
+                               float* oc, const float* alpha, index_t prefetch, float* wp, float* alpha_pairs) {
   weight_pairs(pt, ld, cols, wp, alpha, alpha_pairs);
   const float* a = alpha != nullptr ? alpha_pairs : nullptr;
   index_t t = 0;
-  for (; t + 16 <= dv; t += 16) weighted_pairs_block<8>(wp, v, v_stride, cols, t, oc, a, ahead);
-  for (; t < dv; t += 2) weighted_pairs_block<1>(wp, v, v_stride, cols, t, oc, a, ahead);
+  for (; t + 16 <= dv; t += 16) weighted_pairs_block<8>(wp, v, v_stride, cols, t, oc, a, prefetch);
+  for (; t < dv; t += 2) weighted_pairs_block<1>(wp, v, v_stride, cols, t, oc, a, prefetch);
 }
 #endif
 

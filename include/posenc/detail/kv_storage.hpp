@@ -73,14 +73,14 @@ void widen_rows(const KV* src, index_t src_stride, index_t rows, index_t cols, T
 }
 
 /// dst (rows x cols, contiguous rows) = src rows (row stride src_stride) in T: copied or widened. With
-/// `ahead` > 0 each row's lines prefetch the same lines `ahead` rows further into L2 (a cache's tiles
-/// staged in turn: decode_prefetch_rows).
+/// `prefetch` != 0 each line read prefetches into L2 the line `prefetch` elements further (a cache's
+/// tiles staged in turn: the rows read next, decode_prefetch_rows or the column layout's
+/// decode_column_prefetch_heads).
 template <class KV, class T>
-void stage_rows(const KV* src, index_t src_stride, index_t rows, index_t cols, T* dst, index_t ahead = 0) {
+void stage_rows(const KV* src, index_t src_stride, index_t rows, index_t cols, T* dst, index_t prefetch = 0) {
   for (index_t r = 0; r < rows; ++r) {
-    if (ahead > 0)
-      for (index_t c = 0; c < cols; c += line_elements<KV>)
-        prefetch_rows_ahead(src + r * src_stride + c, ahead, src_stride);
+    if (prefetch != 0)
+      for (index_t c = 0; c < cols; c += line_elements<KV>) prefetch_past(src + r * src_stride + c, prefetch);
     if constexpr (std::is_same_v<KV, T>) {
       // Eigen's inlined packet copy: memcpy's call costs as much as a 512-byte row's copy here
       Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>(dst + r * cols, cols) =
