@@ -414,15 +414,24 @@ class decode_attention {
     }
   }
 
+  /// Head passes ahead that the column layout prefetches for rows of `dim` elements of E: those that
+  /// make decode_column_prefetch_bytes, 1 to decode_column_prefetch_heads (decode_kernels.hpp).
+  template <class E>
+  [[nodiscard]] static constexpr index_t column_prefetch_passes(index_t dim) {
+    const index_t pass = decode_tile_keys * dim * static_cast<index_t>(sizeof(E));
+    return std::clamp<index_t>(decode_column_prefetch_bytes / pass, 1, decode_column_prefetch_heads);
+  }
+
   /// Elements from a row of kv head hk in the current tile to the same element of the rows the column
-  /// layout reads decode_column_prefetch_heads head passes later (as many as the item has, at most):
-  /// those of a later head of the item in this tile, or, past its last head, in the next tile; 0 (no
-  /// prefetch) when the item does not read the next tile (decode_scratch::ahead). In BHSD the offset
-  /// may be negative; prefetch_past takes it modulo 2^64.
+  /// layout reads column_prefetch_passes head passes later (as many as the item has, at most): those of
+  /// a later head of the item in this tile, or, past its last head, in the next tile; 0 (no prefetch)
+  /// when the item does not read the next tile (decode_scratch::ahead). In BHSD the offset may be
+  /// negative; prefetch_past takes it modulo 2^64.
   template <class X>
   [[nodiscard]] static index_t column_prefetch(const X& x, index_t hk, const decode_scratch<T>& sc) {
     if (sc.ahead == 0) return 0;
-    const index_t heads = sc.head_end - sc.head_first, later = std::min(decode_column_prefetch_heads, heads);
+    const index_t heads = sc.head_end - sc.head_first;
+    const index_t later = std::min(column_prefetch_passes<typename X::scalar>(x.dim()), heads);
     if (hk + later < sc.head_end) return later * x.head_stride();
     return sc.ahead * x.token_stride() + (later - heads) * x.head_stride();
   }

@@ -106,9 +106,9 @@ struct kv_packets<Eigen::bfloat16, float> {
 inline constexpr index_t decode_prefetch_rows = 32;
 
 /// The column layout (more than 4 rows per kv head) takes a tile head by head, the keys of every kv
-/// head and then their values, and prefetches instead the rows it reads 3 head passes later: in a
-/// pass over one head's rows it prefetches the same lines of the head 3 further in the item (as many
-/// as the item has, at most), in this tile or, past the item's last head, in the next tile
+/// head and then their values, and prefetches instead the rows it reads a few head passes later: in a
+/// pass over one head's rows it prefetches the same lines of a head further in the item (as many as
+/// the item has, at most), in this tile or, past the item's last head, in the next tile
 /// (decode_attention::column_prefetch). A tile ahead, a call held two tiles of K and V in L2 besides
 /// the accumulators (512 KiB with f32 and 8 kv heads of 128), and reading the cache cost 0.14-0.24 us
 /// per key on top of the products (docs/performance.md › Where the 4-row step's time goes from
@@ -117,6 +117,14 @@ inline constexpr index_t decode_prefetch_rows = 32;
 /// 0.93, 3 heads 0.87 / 0.88 / 0.90, 4 heads 0.89 / 0.90 / 0.94, 5 heads 0.89 / 0.90 / 0.94, 6 heads
 /// 0.94 / 0.92 / 0.96; 3 heads on 2 threads 0.93 / 0.93 / 0.96; f32 2 rows 0.94 / 0.95 / 0.93; f16 4
 /// rows (staged keys) 0.99 / 0.98 / 0.99. The 1-row step does not use it (1.00).
+///
+/// The distance is as many head passes as make decode_column_prefetch_bytes of the cache's rows (a pass
+/// reads a tile's rows of one head; 48 KiB is the best 3 passes above), at least 1 and at most
+/// decode_column_prefetch_heads: 3 at d = 64 and 128, 1 at d = 256 with f32. The same harness, f32 4
+/// rows, against 3 heads: d = 64 (GQA 32/8) 4 heads 1.00 / 1.00 / 1.01, and against a tile ahead 3
+/// heads 0.96 / 0.93 / 0.98, 6 heads (48 KiB) 0.97 / 0.95 / 0.99; d = 256 (GQA 16/8) 2 heads 0.98-0.99
+/// / 0.98 / 0.95-0.98, 1 head 0.96-0.98 / 0.97 / 0.93-0.95.
+inline constexpr index_t decode_column_prefetch_bytes = index_t{48} << 10;
 inline constexpr index_t decode_column_prefetch_heads = 3;
 
 /// The keys swept across the heads (row_dots_across_heads) prefetch 4 rows ahead instead: a block of
