@@ -43,7 +43,7 @@ struct sink {
       const packet a = in::ploadu<packet>(p + t);
       if constexpr (prefetch)
         if (tokens_left > posenc::detail::decode_prefetch_rows && posenc::detail::starts_line<float>(t))
-          posenc::detail::prefetch_rows_ahead(p + t, posenc::detail::decode_prefetch_rows, token);
+          posenc::detail::prefetch_past(p + t, posenc::detail::decode_prefetch_rows * token);
       sum = in::padd(sum, a);
       for (int f = 0; f < fmas; ++f) c[f % 8] = in::pmadd(c[f % 8], m, a);
     }

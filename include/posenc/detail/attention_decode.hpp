@@ -333,20 +333,27 @@ class decode_attention {
   [[nodiscard]] bool stage_stored_rows() const { return std::is_same_v<KV, T> && rows_ > 4; }
 
   /// Rows of K or V as the products read them: in the cache (stored as KV, or as T when that is the
-  /// cache's type) or staged in T. For the cache's rows the products prefetch `ahead`: rows of the same
-  /// head in the row layout (decode_kernels.hpp decode_prefetch_rows, decode_scratch::ahead), elements
-  /// in the column layout (column_prefetch); none for a staged copy (the staging prefetches the cache's
-  /// rows instead: kv_storage.hpp stage_rows).
+  /// cache's type) or staged in T. For the cache's rows the products prefetch the line `prefetch`
+  /// elements past each line they read (0: none): the same head's rows a tile on in the row layout
+  /// (rows_ahead), a later head's in the column layout (column_prefetch); none for a staged copy (the
+  /// staging prefetches the cache's rows instead: kv_storage.hpp stage_rows).
   template <class E>
   struct rows_ref {
     const E* data;
     index_t stride;
-    index_t ahead = 0;
+    index_t prefetch = 0;
   };
-  /// The cache's rows of one kv head from key `first` of a tile, prefetched ahead by the products.
+  /// The cache's rows of one kv head from key `first` of a tile, the products prefetching `prefetch`
+  /// elements past them.
   template <class E>
-  static rows_ref<E> in_cache(const heads_view<const KV>& x, index_t b, index_t first, index_t hk, index_t ahead) {
-    return rows_ref<E>{x.row(b, first, hk), x.token_stride(), ahead};
+  static rows_ref<E> in_cache(const heads_view<const KV>& x, index_t b, index_t first, index_t hk, index_t prefetch) {
+    return rows_ref<E>{x.row(b, first, hk), x.token_stride(), prefetch};
+  }
+  /// Elements from a row of x to the same element `rows` tokens further (the same head's row), the
+  /// products' prefetch offset in the row layout; 0 (none) when the item reads no further tile
+  /// (decode_scratch::ahead).
+  [[nodiscard]] static index_t rows_ahead(const heads_view<const KV>& x, index_t rows, const decode_scratch<T>& sc) {
+    return sc.ahead > 0 ? rows * x.token_stride() : 0;
   }
 
   /// Whether a tile's scores are computed across the kv heads a few keys at a time, reading the key
@@ -367,19 +374,20 @@ class decode_attention {
     else
       for (index_t hk = sc.head_first; hk < sc.head_end; ++hk) {
         const auto k = key_rows(b, hk, blk, sc);
-        row_dots(group(sc, hk).q_scaled.data(), dim_, G, k.data, k.stride, n, dim_, scores + hk * G * n, n, k.ahead);
+        row_dots(group(sc, hk).q_scaled.data(), dim_, G, k.data, k.stride, n, dim_, scores + hk * G * n, n, k.prefetch);
         finish_scores(b, hk, blk, k, scores + hk * G * n, group(sc, hk), sc);
       }
     if (values_swept()) return add_values_across_heads(b, blk, scores, sc);
     for (index_t hk = sc.head_first; hk < sc.head_end; ++hk) {
       const auto v = value_rows(b, hk, blk, sc);
-      const auto add = [&](auto L, index_t ahead) {
-        add_weighted<L()>(scores + hk * G * n, n, G, v.data, v.stride, n, vdim_, group(sc, hk).acc.data(), vdim_, ahead);
+      const auto add = [&](auto L, index_t prefetch) {
+        add_weighted<L()>(scores + hk * G * n, n, G, v.data, v.stride, n, vdim_, group(sc, hk).acc.data(), vdim_,
+                          prefetch);
       };
       if (heads_outer())  // one head's value rows, read as a run: prefetched as the keys are
-        with_sweep_locality([&](auto L) { add(L, v.ahead > 0 ? near_rows(vdim_) : 0); });
+        with_sweep_locality([&](auto L) { add(L, v.prefetch != 0 ? near_rows(vdim_) * v.stride : 0); });
       else
-        add(std::integral_constant<int, to_l2>{}, v.ahead);
+        add(std::integral_constant<int, to_l2>{}, v.prefetch);
     }
   }
 
@@ -409,7 +417,7 @@ class decode_attention {
           for (index_t hk = sc.head_first; hk < sc.head_end; ++hk)
             add_weighted<L()>(scores + hk * G * n + j0, n, G, v_.row(b, blk.first + j0, hk), v_.token_stride(),
                               std::min(chunk, n - j0), vdim_, group(sc, hk).acc.data(), vdim_,
-                              sc.ahead > 0 ? chunk : 0);
+                              rows_ahead(v_, chunk, sc));
       });
     }
   }
@@ -447,7 +455,7 @@ class decode_attention {
       auto& gs = group(sc, hk);
       T* st = scores + hk * n * lanes;
       const auto k = column_key_rows(b, hk, blk, sc);
-      column_dots(gs.q_cols.data(), lanes, dim_, k.data, k.stride, n, st, lanes, k.ahead);
+      column_dots(gs.q_cols.data(), lanes, dim_, k.data, k.stride, n, st, lanes, k.prefetch);
       if (masks_only()) {
         if (!all_visible(b, blk))  // masked in place, down the columns
           mask_scores(b, blk, matrix_map<T>(st, n, lanes, Eigen::OuterStride<>(lanes)).leftCols(G).transpose(), sc);
@@ -523,9 +531,9 @@ class decode_attention {
       // one sweep per register block of rows (one for the usual <= 4 rows per kv head)
       scores_across_heads<T, KV>(sc.q_heads.data() + h0, G, sc.head_end - h0, k_.row(b, blk.first, h0), k_.token_stride(),
                                  k_.head_stride(), n, dim_, scores + h0 * G * n, G * n,
-                                 sc.ahead > 0 ? near_rows(dim_) : 0);
+                                 rows_ahead(k_, near_rows(dim_), sc));
       for (index_t hk = sc.head_first; hk < sc.head_end; ++hk)
-        finish_scores(b, hk, blk, in_cache<KV>(k_, b, blk.first, hk, sc.ahead), scores + hk * G * n, group(sc, hk), sc);
+        finish_scores(b, hk, blk, in_cache<KV>(k_, b, blk.first, hk, 0), scores + hk * G * n, group(sc, hk), sc);
     }
   }
 
@@ -593,17 +601,19 @@ class decode_attention {
   }
 
   /// A tile's rows of K or V (`x`, `dim` wide): in the cache when `direct` allows it (and, stored in T,
-  /// for at most 4 rows per kv head), else staged in T into `buffer`; the cache's rows carry `ahead`.
+  /// for at most 4 rows per kv head), else staged in T into `buffer`; the cache's rows are prefetched
+  /// a tile on (decode_prefetch_rows: rows_ahead), by the products or the staging.
   template <bool direct, class Buffer>
   auto cache_rows(const heads_view<const KV>& x, index_t dim, index_t b, index_t hk, const key_block& blk,
-                  Buffer& buffer, index_t ahead) const {
+                  Buffer& buffer, const decode_scratch<T>& sc) const {
+    const index_t prefetch = rows_ahead(x, decode_prefetch_rows, sc);
     if constexpr (direct && !std::is_same_v<KV, T>) {
-      return in_cache<KV>(x, b, blk.first, hk, ahead);
+      return in_cache<KV>(x, b, blk.first, hk, prefetch);
     } else {
       if constexpr (direct)
-        if (!stage_stored_rows()) return in_cache<T>(x, b, blk.first, hk, ahead);
+        if (!stage_stored_rows()) return in_cache<T>(x, b, blk.first, hk, prefetch);
       T* dst = grow(buffer, blk.cols * dim);
-      stage_rows(x.row(b, blk.first, hk), x.token_stride(), blk.cols, dim, dst, ahead * x.token_stride());
+      stage_rows(x.row(b, blk.first, hk), x.token_stride(), blk.cols, dim, dst, prefetch);
       return rows_ref<T>{dst, dim};
     }
   }
@@ -611,7 +621,7 @@ class decode_attention {
   /// A tile's key rows (cache_rows); staged keys are rotated in the staging buffer when the encoding
   /// rotates keys (keys_direct is false then).
   auto key_rows(index_t b, index_t hk, const key_block& blk, decode_scratch<T>& sc) const {
-    const auto k = cache_rows<keys_direct>(k_, dim_, b, hk, blk, sc.k_work, sc.ahead);
+    const auto k = cache_rows<keys_direct>(k_, dim_, b, hk, blk, sc.k_work, sc);
     if constexpr (transforms_keys)
       enc_.transform_qk(qk_role::key, hk,
                         std::span<const std::int64_t>(masks_.kp(b) + blk.first, static_cast<std::size_t>(blk.cols)),
@@ -620,7 +630,7 @@ class decode_attention {
   }
 
   auto value_rows(index_t b, index_t hk, const key_block& blk, decode_scratch<T>& sc) const {
-    return cache_rows<values_direct>(v_, vdim_, b, hk, blk, sc.v_work, sc.ahead);
+    return cache_rows<values_direct>(v_, vdim_, b, hk, blk, sc.v_work, sc);
   }
 
   [[nodiscard]] const key_block& key_tile(index_t b, index_t ti) const {

@@ -247,10 +247,11 @@ POSENC_ALWAYS_INLINE void store_sums<4, 4, __m512, float>(const __m512 (&acc)[4]
 
 /// s[r * s_stride + j] = dot(q row r, k row j) for R rows x J keys, the dimension d in whole packets
 /// (dv = d rounded down to them) and a scalar tail. D > 0: d is D, known at compile time
-/// (with_head_dim).
+/// (with_head_dim). `prefetch` != 0 prefetches, into the level Locality names, the line `prefetch`
+/// elements past each line of the key rows.
 template <int R, int J, index_t D = 0, int Locality = to_l2, class T, class KV>
 POSENC_ALWAYS_INLINE void row_dots_block(const T* q, index_t q_stride, const KV* k, index_t k_stride, index_t d_run,
-                                         T* s, index_t s_stride, index_t ahead) {
+                                         T* s, index_t s_stride, index_t prefetch) {
   using P = typename packet_of<T>::type;
   constexpr index_t W = packet_of<T>::width;
   namespace in = Eigen::internal;
@@ -262,8 +263,8 @@ POSENC_ALWAYS_INLINE void row_dots_block(const T* q, index_t q_stride, const KV*
   for (index_t t = 0; t < dv; t += W) {
     P kp[J];
     for (int j = 0; j < J; ++j) kp[j] = kv_packets<KV, T>::load(k + j * k_stride + t);
-    if (ahead > 0 && starts_line<KV>(t))
-      for (int j = 0; j < J; ++j) prefetch_rows_ahead<Locality>(k + j * k_stride + t, ahead, k_stride);
+    if (prefetch != 0 && starts_line<KV>(t))
+      for (int j = 0; j < J; ++j) prefetch_past<Locality>(k + j * k_stride + t, prefetch);
     for (int r = 0; r < R; ++r) {
       const P qp = in::ploadu<P>(q + r * q_stride + t);
       for (int j = 0; j < J; ++j) acc[r][j] = in::pmadd(qp, kp[j], acc[r][j]);
@@ -301,22 +302,23 @@ inline void for_row_blocks(index_t rows, F&& f) {
 }
 
 /// S (rows x cols, row-major, row stride s_stride) = Q (rows x d) K^T (K: cols x d, stored as KV);
-/// rows of Q and K contiguous, any row strides. Each key row is loaded from memory once; `ahead` > 0
-/// prefetches the key rows that many rows further (decode_prefetch_rows).
+/// rows of Q and K contiguous, any row strides. Each key row is loaded from memory once; `prefetch` != 0
+/// prefetches into L2 the line `prefetch` elements past each line of the key rows (decode_prefetch_rows
+/// rows further: decode_attention::rows_ahead).
 template <class T, class KV>
 void row_dots(const T* q, index_t q_stride, index_t rows, const KV* k, index_t k_stride, index_t cols, index_t d, T* s,
-              index_t s_stride, index_t ahead = 0) {
+              index_t s_stride, index_t prefetch = 0) {
   constexpr int J = dot_block_keys;
   index_t j = 0;
   for (; j + J <= cols; j += J)
     for_row_blocks(rows, [&](auto R, index_t r) {
       row_dots_block<R(), J>(q + r * q_stride, q_stride, k + j * k_stride, k_stride, d, s + r * s_stride + j, s_stride,
-                             r == 0 ? ahead : 0);
+                             r == 0 ? prefetch : 0);
     });
   for (; j < cols; ++j)
     for_row_blocks(rows, [&](auto R, index_t r) {
       row_dots_block<R(), 1>(q + r * q_stride, q_stride, k + j * k_stride, k_stride, d, s + r * s_stride + j, s_stride,
-                             r == 0 ? ahead : 0);
+                             r == 0 ? prefetch : 0);
     });
 }
 
@@ -348,43 +350,43 @@ inline void with_head_dim(index_t d, F&& f) {
 /// rows of all heads are one contiguous run: address order). q(h): head h's R rows (row stride d); key
 /// j of head h at k + j * k_stride + h * k_head; head h's scores at s + h * s_head, R x cols (row
 /// stride cols). More rows per head sweep the tile once per block (from L2 after the first). D as
-/// row_dots_block; the keys are prefetched `near` rows ahead into the level Locality names
-/// (decode_sweep_prefetch_rows or decode_stream_prefetch_bytes, with_sweep_locality; 0: none, when
-/// the item reads no further tile). The blocks are called here directly, not through row_dots: one
+/// row_dots_block; the keys are prefetched `prefetch` elements ahead into the level Locality names
+/// (decode_sweep_prefetch_rows rows or decode_stream_prefetch_bytes, with_sweep_locality; 0: none,
+/// when the item reads no further tile). The blocks are called here directly, not through row_dots: one
 /// call of it per block and head (its row-block dispatch, not inlined) measured 0.88-0.94x the time
 /// without it (f32, 1 row, GQA 32/8, d = 128, Lk = 512 to 32768), and f16 0.91x at Lk = 4096.
 template <int R, index_t D, int Locality, class T, class KV, class Q>
 void row_dots_across_heads(Q&& q, index_t heads, const KV* k, index_t k_stride, index_t k_head, index_t cols, index_t d,
-                           T* s, index_t s_head, index_t near) {
+                           T* s, index_t s_head, index_t prefetch) {
   constexpr int J = dot_block_keys;
   index_t j = 0;
   for (; j + J <= cols; j += J)
     for (index_t h = 0; h < heads; ++h)
       row_dots_block<R, J, D, Locality>(q(h), d, k + j * k_stride + h * k_head, k_stride, d, s + h * s_head + j, cols,
-                                        near);
+                                        prefetch);
   for (; j < cols; ++j)
     for (index_t h = 0; h < heads; ++h)
       row_dots_block<R, 1, D, Locality>(q(h), d, k + j * k_stride + h * k_head, k_stride, d, s + h * s_head + j, cols,
-                                        near);
+                                        prefetch);
 }
 
 /// The scores of a tile for kv heads [0, heads) and all G rows of each group: row_dots_across_heads for
 /// each register block of rows (one sweep of the tile per block), the head dim and the prefetch level
 /// dispatched here once per tile. q_heads[h]: head h's G rows (row stride d); head h's G x cols scores
-/// at s + h * s_head (row stride cols); `near` as row_dots_across_heads, for the first block only.
+/// at s + h * s_head (row stride cols); `prefetch` as row_dots_across_heads, for the first block only.
 /// A function of T and KV alone, the queries passed as pointers rather than an accessor of the
 /// caller's: instantiated inside the encoding-typed decode step, these blocks (4 row counts x 4 head
 /// dims x 2 levels) were compiled again for every encoding, 40 % of clang's backend time for
 /// tests/test_attention.cpp.
 template <class T, class KV>
 void scores_across_heads(const T* const* q_heads, index_t G, index_t heads, const KV* k, index_t k_stride,
-                         index_t k_head, index_t cols, index_t d, T* s, index_t s_head, index_t near) {
+                         index_t k_head, index_t cols, index_t d, T* s, index_t s_head, index_t prefetch) {
   for_row_blocks(G, [&](auto R, index_t r) {
     const auto q = [&](index_t h) { return q_heads[h] + r * d; };
     with_head_dim(d, [&](auto D) {
       with_sweep_locality([&](auto L) {
         row_dots_across_heads<R(), D(), L()>(q, heads, k, k_stride, k_head, cols, d, s + r * cols, s_head,
-                                             r == 0 ? near : 0);
+                                             r == 0 ? prefetch : 0);
       });
     });
   });
@@ -826,10 +828,11 @@ void unpair_rows(const T* oc, index_t rows, index_t dv, T* acc) {
 }
 
 /// R output rows, N packets each from column t: o_r[t .. t+N*W) += sum_j p_r[j] v_j[t .. t+N*W), the
-/// R x N accumulators in registers, each value packet loaded once for the R rows.
+/// R x N accumulators in registers, each value packet loaded once for the R rows; `prefetch` as
+/// add_weighted.
 template <int R, int N, int Locality = to_l2, class T, class KV>
 POSENC_ALWAYS_INLINE void add_weighted_block(const T* p, index_t p_stride, const KV* v, index_t v_stride, index_t cols,
-                                             T* o, index_t o_stride, index_t ahead) {
+                                             T* o, index_t o_stride, index_t prefetch) {
   using P = typename packet_of<T>::type;
   constexpr index_t W = packet_of<T>::width;
   namespace in = Eigen::internal;
@@ -839,9 +842,9 @@ POSENC_ALWAYS_INLINE void add_weighted_block(const T* p, index_t p_stride, const
   for (index_t j = 0; j < cols; ++j) {
     P vp[N];
     for (int i = 0; i < N; ++i) vp[i] = kv_packets<KV, T>::load(v + j * v_stride + i * W);
-    if (ahead > 0)
+    if (prefetch != 0)
       for (int i = 0; i < N; ++i)
-        if (starts_line<KV>(i * W)) prefetch_rows_ahead<Locality>(v + j * v_stride + i * W, ahead, v_stride);
+        if (starts_line<KV>(i * W)) prefetch_past<Locality>(v + j * v_stride + i * W, prefetch);
     for (int r = 0; r < R; ++r) {
       const P w = in::pset1<P>(p[r * p_stride + j]);
       for (int i = 0; i < N; ++i) acc[r][i] = in::pmadd(w, vp[i], acc[r][i]);
@@ -855,14 +858,14 @@ POSENC_ALWAYS_INLINE void add_weighted_block(const T* p, index_t p_stride, const
 /// packets, then a scalar tail.
 template <int R, int Locality, class T, class KV>
 inline void add_weighted_width(const T* p, index_t p_stride, const KV* v, index_t v_stride, index_t cols, index_t dv,
-                               T* o, index_t o_stride, index_t ahead) {
+                               T* o, index_t o_stride, index_t prefetch) {
   constexpr index_t W = packet_of<T>::width;
   constexpr int N = weighted_block_packets;
   index_t t = 0;
   for (; t + N * W <= dv; t += N * W)
-    add_weighted_block<R, N, Locality>(p, p_stride, v + t, v_stride, cols, o + t, o_stride, ahead);
+    add_weighted_block<R, N, Locality>(p, p_stride, v + t, v_stride, cols, o + t, o_stride, prefetch);
   for (; t + W <= dv; t += W)
-    add_weighted_block<R, 1, Locality>(p, p_stride, v + t, v_stride, cols, o + t, o_stride, ahead);
+    add_weighted_block<R, 1, Locality>(p, p_stride, v + t, v_stride, cols, o + t, o_stride, prefetch);
   for (; t < dv; ++t)
     for (index_t r = 0; r < R; ++r) {
       T sum = o[r * o_stride + t];
@@ -872,18 +875,20 @@ inline void add_weighted_width(const T* p, index_t p_stride, const KV* v, index_
 }
 
 /// O (rows x dv, row stride o_stride) += P (rows x cols, row stride p_stride) V (cols x dv, stored as
-/// KV). Each value row is loaded from memory once; `ahead` > 0 prefetches the value rows that many rows
-/// further (decode_prefetch_rows), into L2 (Locality to_l2) or L1 (to_l1). The row blocks are dispatched once
-/// per chunk of keys (for up to 4 rows, once per call), each then runs over the whole width.
+/// KV). Each value row is loaded from memory once; `prefetch` != 0 prefetches the line `prefetch`
+/// elements past each line of the value rows (decode_prefetch_rows rows further:
+/// decode_attention::rows_ahead), into L2 (Locality to_l2) or L1 (to_l1). The row blocks are
+/// dispatched once per chunk of keys (for up to 4 rows, once per call), each then runs over the whole
+/// width.
 template <int Locality = to_l2, class T, class KV>
 void add_weighted(const T* p, index_t p_stride, index_t rows, const KV* v, index_t v_stride, index_t cols, index_t dv,
-                  T* o, index_t o_stride, index_t ahead = 0) {
+                  T* o, index_t o_stride, index_t prefetch = 0) {
   const index_t chunk = rows <= 4 ? cols : weighted_chunk_keys;
   for (index_t j0 = 0; j0 < cols; j0 += chunk) {
     const index_t nj = std::min(chunk, cols - j0);
     for_row_blocks(rows, [&](auto R, index_t r) {
       add_weighted_width<R(), Locality>(p + r * p_stride + j0, p_stride, v + j0 * v_stride, v_stride, nj, dv,
-                                        o + r * o_stride, o_stride, r == 0 ? ahead : 0);
+                                        o + r * o_stride, o_stride, r == 0 ? prefetch : 0);
     });
   }
 }

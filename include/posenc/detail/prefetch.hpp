@@ -49,18 +49,13 @@ POSENC_ALWAYS_INLINE void prefetch_bytes_l1(const void* p, index_t bytes) {
 /// The Locality values of prefetch for the cache level the lines go to.
 inline constexpr int to_l2 = 2, to_l1 = 3;
 
-/// Prefetches the element `elements` past p (negative: before it), or `rows` rows of `stride` elements
-/// past it (a strided run read ahead of time), into L2 (Locality to_l2) or L1 (to_l1), by address
-/// arithmetic (modulo 2^64): where it names no element (a prefetch never faults) it forms no
-/// out-of-range pointer.
+/// Prefetches the element `elements` past p (negative: before it; rows x stride for a strided run read
+/// ahead of time), into L2 (Locality to_l2) or L1 (to_l1), by address arithmetic (modulo 2^64): where
+/// it names no element (a prefetch never faults) it forms no out-of-range pointer.
 template <int Locality = to_l2, class E>
 POSENC_ALWAYS_INLINE void prefetch_past(const E* p, index_t elements) {
   const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(p) + static_cast<std::uintptr_t>(elements * sizeof(E));
   prefetch<0, Locality>(reinterpret_cast<const void*>(at));
-}
-template <int Locality = to_l2, class E>
-POSENC_ALWAYS_INLINE void prefetch_rows_ahead(const E* p, index_t rows, index_t stride) {
-  prefetch_past<Locality>(p, rows * stride);
 }
 
 /// The L1 data cache of the core, in bytes, as the C library reports it (glibc reads it from CPUID);
