@@ -569,7 +569,7 @@ inline void column_pair_block(const float* qp, index_t d, const float* k, index_
 /// S^T (cols x lanes, row stride ld: row j holds key j's scores for every query row) = K Q^T, from
 /// qc as column_queries lays out Q (query rows as lanes, zero padded to lanes = 1 or 2 packets) and K
 /// (cols x d) rows of T; `prefetch` != 0 prefetches into L2 the line `prefetch` elements past each
-/// line of the key rows (decode_column_prefetch_heads).
+/// line of the key rows (a later head's rows: decode_attention::column_prefetch).
 template <class T>
 void column_dots(const T* qc, index_t lanes, index_t d, const T* k, index_t k_stride, index_t cols, T* st, index_t ld,
                  index_t prefetch = 0) {

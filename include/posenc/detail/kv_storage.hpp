@@ -74,8 +74,8 @@ void widen_rows(const KV* src, index_t src_stride, index_t rows, index_t cols, T
 
 /// dst (rows x cols, contiguous rows) = src rows (row stride src_stride) in T: copied or widened. With
 /// `prefetch` != 0 each line read prefetches into L2 the line `prefetch` elements further (a cache's
-/// tiles staged in turn: the rows read next, decode_prefetch_rows or the column layout's
-/// decode_column_prefetch_heads).
+/// tiles staged in turn: the rows read next, decode_prefetch_rows rows on or, in the column layout, a
+/// later head's: decode_attention::column_prefetch).
 template <class KV, class T>
 void stage_rows(const KV* src, index_t src_stride, index_t rows, index_t cols, T* dst, index_t prefetch = 0) {
   for (index_t r = 0; r < rows; ++r) {
