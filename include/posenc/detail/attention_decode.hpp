@@ -441,7 +441,7 @@ class decode_attention {
     const index_t heads = sc.head_end - sc.head_first;
     const index_t later = std::min(column_prefetch_passes<typename X::scalar>(x.dim()), heads);
     if (hk + later < sc.head_end) return later * x.head_stride();
-    return sc.ahead * x.token_stride() + (later - heads) * x.head_stride();
+    return decode_tile_keys * x.token_stride() + (later - heads) * x.head_stride();
   }
 
   /// run_tile in the column layout: per kv head S^T = K Q^T (column_dots), the masks applied to it in
