@@ -533,6 +533,40 @@ void decode_layout(benchmark::State& state) {
   state.counters["bhsd_over_bshd"] = median_over(sec, [](const auto& s) { return s[1] / s[0]; });
 }
 
+// Which strategy a shape wants: the same call on the tiled path and on the decode path, in back-to-back
+// pairs, for groups wider than the 4-row step's (H query heads over Hkv kv heads, `rows` new queries
+// per head: group x rows query rows per kv head). Counters: tiled_over_decode, the median of
+// time(tiled) / time(decode); rows_per_kv_head; auto_decode, 1 where the automatic choice
+// (detail::choose_decode) takes the decode path.
+template <class KV>
+void decode_groups(benchmark::State& state) {
+  const Index H = state.range(0), Hkv = state.range(1), d = state.range(2), rows = state.range(3),
+              Lk = state.range(4), threads = state.range(5);
+  const auto q = random_vector(static_cast<std::size_t>(rows * H * d), 1);
+  const auto k = stored_as<KV>(random_vector(static_cast<std::size_t>(Lk * Hkv * d), 2));
+  const auto v = stored_as<KV>(random_vector(static_cast<std::size_t>(Lk * Hkv * d), 3));
+  std::vector<float> out(q.size());
+  const auto pool = make_pool(threads);
+  const auto step = [&](posenc::attention_path path) {
+    posenc::attention_options opt;
+    opt.causal = true;
+    opt.q_offset = Lk - rows;
+    opt.pool = pool.get();
+    opt.path = path;
+    posenc::attention<float>(posenc::bshd<const float>(q.data(), 1, rows, H, d),
+                             posenc::bshd<const KV>(k.data(), 1, Lk, Hkv, d),
+                             posenc::bshd<const KV>(v.data(), 1, Lk, Hkv, d), posenc::bshd(out.data(), 1, rows, H, d),
+                             posenc::no_position{}, opt);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  };
+  state.counters["tiled_over_decode"] = bench_util::median_pair_ratio(
+      state, [&] { step(posenc::attention_path::decode); }, [&] { step(posenc::attention_path::tiled); });
+  state.counters["rows_per_kv_head"] = static_cast<double>(H / Hkv * rows);
+  state.counters["auto_decode"] =
+      posenc::detail::choose_decode<posenc::no_position, float>(posenc::attention_path::automatic, H / Hkv, rows);
+}
+
 // The decode step as a host's decode loop runs it: every layer has its own cache (Lk tokens, GQA 32/8,
 // d = 128), and a token calls the step against each layer in turn, so each call reads a cache that the
 // other layers' calls pushed out of the last-level cache, and the pool's threads come from the previous
@@ -735,6 +769,17 @@ void register_decode(const char* kv) {
   paired("BM_decode_threads/kv:f16", decode_threads<Eigen::half>, {{1}, {4096, 32768}}, {"rows", "Lk"});
   paired("BM_decode_layers/kv:f32", decode_layers<float>, {{4096, 32768}}, {"Lk"});
   paired("BM_decode_layers/kv:f16", decode_layers<Eigen::half>, {{4096, 32768}}, {"Lk"});
+  // Falcon-7B (71/1, d = 64) and StarCoder (48/1, d = 128) decoding a token, Llama-3-70B (64/8) 4 tokens,
+  // Llama-3-8B (32/8) 8 and 16, an MQA group of 128 2 tokens, Falcon-7B 4 tokens
+  for (const char* kv : {"f32", "f16"}) {
+    auto* b = benchmark::RegisterBenchmark((std::string("BM_decode_groups/kv:") + kv).c_str(),
+                                           std::string(kv) == "f32" ? decode_groups<float> : decode_groups<Eigen::half>);
+    for (const auto& s : std::vector<std::vector<std::int64_t>>{{71, 1, 64, 1}, {48, 1, 128, 1}, {64, 8, 128, 4},
+                                                                {32, 8, 128, 8}, {128, 1, 128, 2}, {32, 8, 128, 16},
+                                                                {71, 1, 64, 4}})
+      for (const std::int64_t threads : {1, 2}) b->Args({s[0], s[1], s[2], s[3], 4096, threads});
+    b->ArgNames({"H", "Hkv", "d", "rows", "Lk", "threads"})->Unit(benchmark::kMicrosecond)->UseManualTime()->MinTime(1.0);
+  }
   paired("BM_decode_window/kv:f32", decode_window<float>, {{128, 1024}, {4096, 32768}}, {"W", "Lk"});
   paired("BM_decode_window/kv:f16", decode_window<Eigen::half>, {{128, 1024}, {4096, 32768}}, {"W", "Lk"});
   paired("BM_decode_filled/kv:f32", decode_filled<float>, {{128, 1024}, {4096, 32768}}, {"P", "Lk"});

@@ -27,7 +27,7 @@ std::vector<config> with_path(std::vector<config> cs, posenc::attention_path pat
 
 // Decode shapes: a few query rows per kv head against caches that span several split-KV segments
 // (1024 keys) and tiles (32 keys), with every mask and position option, head dims that are not a
-// whole number of packets, value dims unlike the key dims, and groups of 1 to 16 rows per kv head
+// whole number of packets, value dims unlike the key dims, and groups of 1 to 32 rows per kv head
 // (whole 4-row blocks and every remainder).
 std::vector<config> decode_configs() {
   std::vector<config> out;
@@ -64,6 +64,12 @@ std::vector<config> decode_configs() {
   // the keys' register blocks compiled for d = 128
   add(1, 2100, 8, 2, 128, 128, layout::bhsd, true, padding::mask, offset::q_offset);
   add(2, 1100, 4, 2, 128, 64, layout::bhsd, true, padding::lengths, offset::q_offset);
+  // groups the automatic choice now takes too: 17 to 32 rows (two packets of columns with AVX-512, rows
+  // elsewhere), and 1 or 2 queries of a wide MQA group (the row layout: 71 rows, a Falcon-7B token; 80)
+  add(8, 1050, 8, 2, 24, 24, layout::bshd, true, padding::lengths, offset::q_offset);
+  add(6, 1300, 10, 2, 40, 40, layout::bshd, true, padding::mask, offset::q_offset);
+  add(1, 1500, 71, 1, 64, 64, layout::bshd, true, padding::none, offset::q_offset);
+  add(2, 1100, 40, 1, 32, 24, layout::bhsd, true, padding::mask, offset::explicit_positions);
   return out;
 }
 
@@ -128,6 +134,30 @@ TEST_CASE("attention, decode path: Q/K transform, score terms and bias per query
     const relative_terms rel(3, c.D, 7);
     check_both(c, rel, relative_reference(p, rel));
   }
+}
+
+TEST_CASE("attention: the automatic strategy by shape (detail::choose_decode)", "[kernel][decode]") {
+  namespace dt = posenc::detail;
+  const auto automatic = [](Index group, Index q_len) {
+    return dt::choose_decode<posenc::no_position, float>(posenc::attention_path::automatic, group, q_len);
+  };
+  // up to 32 query rows per kv head (group x new queries)
+  CHECK(automatic(4, 1));
+  CHECK(automatic(4, 8));
+  CHECK(automatic(1, 32));
+  CHECK(automatic(8, 4));
+  CHECK_FALSE(automatic(4, 9));
+  CHECK_FALSE(automatic(1, 33));
+  CHECK_FALSE(automatic(8, 5));
+  // 1 or 2 new queries with any group (MQA: Falcon-7B's 71 query heads on one kv head)
+  CHECK(automatic(71, 1));
+  CHECK(automatic(71, 2));
+  CHECK(automatic(128, 2));
+  CHECK_FALSE(automatic(71, 3));
+  CHECK_FALSE(automatic(17, 3));
+  // forced either way
+  CHECK(dt::choose_decode<posenc::no_position, float>(posenc::attention_path::decode, 4, 1000));
+  CHECK_FALSE(dt::choose_decode<posenc::no_position, float>(posenc::attention_path::tiled, 4, 1));
 }
 
 TEST_CASE("attention, decode path: an encoding with value terms cannot be forced onto it", "[kernel][decode][errors]") {

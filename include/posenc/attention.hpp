@@ -149,8 +149,9 @@ class fused_attention {
 };
 
 /// The strategy of a call (ggml's flash attention likewise picks one flat function per shape): decode
-/// (K/V streamed, split-KV) for at most decode_max_rows query rows per kv head, tiled otherwise.
-/// Depends on the shape and the encoding only, never on the thread count.
+/// (K/V streamed, split-KV) for at most decode_max_rows query rows per kv head or at most
+/// decode_max_queries_any_group queries per head, tiled otherwise. Depends on the shape and the
+/// encoding only, never on the thread count.
 template <class Bound, class T>
 [[nodiscard]] bool choose_decode(attention_path path, index_t group, index_t q_len) {
   switch (path) {
@@ -163,7 +164,7 @@ template <class Bound, class T>
     case attention_path::automatic:
       break;
   }
-  return decode_supports<Bound, T> && group * q_len <= decode_max_rows;
+  return decode_supports<Bound, T> && (group * q_len <= decode_max_rows || q_len <= decode_max_queries_any_group);
 }
 
 /// Everything the public overloads share: validation first (nothing written on error), then the

@@ -21,9 +21,10 @@
 
 namespace posenc {
 
-/// Which strategy runs a call (docs/design.md › Strategies): automatic picks decode for at most 16 query
-/// rows per kv head (its group of query heads x q_len) and tiled otherwise; forcing one is for tests
-/// and measurements. Both give the same attention up to rounding.
+/// Which strategy runs a call (docs/design.md › Strategies): automatic picks decode for at most 32 query
+/// rows per kv head (its group of query heads x q_len) or at most 2 queries per head (any group), and
+/// tiled otherwise; forcing one is for tests and measurements. Both give the same attention up to
+/// rounding.
 enum class attention_path {
   automatic,
   tiled,   ///< query blocks x packed K/V blocks (GEBP): prefill, many rows

@@ -52,8 +52,18 @@
 namespace posenc::detail {
 
 /// Query rows per kv head (group x q_len) up to which the automatic choice streams K/V (decode)
-/// instead of packing it (tiled) (docs/performance.md › Decode).
-inline constexpr index_t decode_max_rows = 16;
+/// instead of packing it (tiled), and new queries per head up to which it does so for any group
+/// (docs/performance.md › Decode or tiled). The tiled path's query blocks hold one head's q_len rows,
+/// so with a few new tokens its products are matrices of q_len rows however wide the group; the
+/// decode path takes the group's rows as one matrix. Measured (Zen 5 VM, one core, Lk = 4096, f32 /
+/// f16 cache, time tiled / decode): 17 to 32 rows, GQA 64/8 at d = 128 with 4 tokens 2.14 / 2.55,
+/// 32/8 with 8 tokens 1.43 / 2.06, 8/1 at d = 256 with 4 tokens 2.22 / 1.53, MHA 32/32 with 32 tokens
+/// 1.72 / 1.21; a token or two of MQA: 71/1 at d = 64 (Falcon-7B) 3.76 / 2.61 and 2.69 / 2.47,
+/// 128/1 at d = 128 3.32 / 3.43 and 2.22 / 2.65. Beyond both the products of the decode path's row
+/// layout lose: 64 rows 0.79-1.41 (32/8 with 16 tokens 0.97 / 1.19, 64/8 with 8 0.79 / 1.41), 71/1
+/// with 4 tokens 0.72 / 0.95.
+inline constexpr index_t decode_max_rows = 32;
+inline constexpr index_t decode_max_queries_any_group = 2;
 /// Keys per split-KV segment: a fixed size, so the split (and the result) does not depend on the
 /// number of threads; 1024 keys give 2 threads 8+ items per kv head at Lk = 4096 while the merge
 /// costs one [G x dv] pass per segment (docs/performance.md › Decode).
