@@ -138,23 +138,18 @@ TEST_CASE("attention, decode path: Q/K transform, score terms and bias per query
 
 TEST_CASE("attention: the automatic strategy by shape (detail::choose_decode)", "[kernel][decode]") {
   namespace dt = posenc::detail;
-  const auto automatic = [](Index group, Index q_len) {
-    return dt::choose_decode<posenc::no_position, float>(posenc::attention_path::automatic, group, q_len);
-  };
-  // up to 32 query rows per kv head (group x new queries)
-  CHECK(automatic(4, 1));
-  CHECK(automatic(4, 8));
-  CHECK(automatic(1, 32));
-  CHECK(automatic(8, 4));
-  CHECK_FALSE(automatic(4, 9));
-  CHECK_FALSE(automatic(1, 33));
-  CHECK_FALSE(automatic(8, 5));
-  // 1 or 2 new queries with any group (MQA: Falcon-7B's 71 query heads on one kv head)
-  CHECK(automatic(71, 1));
-  CHECK(automatic(71, 2));
-  CHECK(automatic(128, 2));
-  CHECK_FALSE(automatic(71, 3));
-  CHECK_FALSE(automatic(17, 3));
+  // up to 32 query rows per kv head (group x new queries), and 1 or 2 new queries with any group (MQA:
+  // Falcon-7B's 71 query heads on one kv head)
+  const struct {
+    Index group, q_len;
+    bool decode;
+  } cases[] = {{4, 1, true},   {4, 8, true},   {1, 32, true},   {8, 4, true},   {4, 9, false},  {1, 33, false},
+               {8, 5, false},  {71, 1, true},  {71, 2, true},   {128, 2, true}, {71, 3, false}, {17, 3, false}};
+  for (const auto& c : cases) {
+    INFO("group " << c.group << ", " << c.q_len << " queries");
+    CHECK(dt::choose_decode<posenc::no_position, float>(posenc::attention_path::automatic, c.group, c.q_len) ==
+          c.decode);
+  }
   // forced either way
   CHECK(dt::choose_decode<posenc::no_position, float>(posenc::attention_path::decode, 4, 1000));
   CHECK_FALSE(dt::choose_decode<posenc::no_position, float>(posenc::attention_path::tiled, 4, 1));
