@@ -28,7 +28,8 @@
 //                  log-sum-exp merge of attention.hpp's merge). Up to 4 rows per kv head the scores
 //                  are rows (row_dots, add_weighted); for more, columns (column_dots, the softmax
 //                  down the columns, add_weighted_rows), where each K and V value comes from memory
-//                  once for all the rows (decode_kernels.hpp).
+//                  once for all the rows (decode_kernels.hpp); past two packets of rows (a token
+//                  of a wide MQA group) rows again, in 4-row blocks (stage_stored_rows).
 #pragma once
 
 #include <algorithm>
