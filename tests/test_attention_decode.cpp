@@ -70,6 +70,10 @@ std::vector<config> decode_configs() {
   add(6, 1300, 10, 2, 40, 40, layout::bshd, true, padding::mask, offset::q_offset);
   add(1, 1500, 71, 1, 64, 64, layout::bshd, true, padding::none, offset::q_offset);
   add(2, 1100, 40, 1, 32, 24, layout::bhsd, true, padding::mask, offset::explicit_positions);
+  // 8 rows at the head dims with register blocks: the row layout for a half-precision cache (AVX-512),
+  // the column layout for one stored as T
+  add(2, 1300, 8, 2, 128, 128, layout::bshd, true, padding::mask, offset::q_offset);
+  add(1, 1100, 8, 1, 256, 256, layout::bshd, true, padding::none, offset::q_offset);
   return out;
 }
 
@@ -294,6 +298,9 @@ TEST_CASE("attention, decode path: K/V in half precision, groups too wide for th
 TEST_CASE("attention: K/V in half precision with a Q/K transform and a bias (both paths)", "[kernel][decode]") {
   for (config c : {config{.B = 2, .Sq = 1, .Sk = 1500, .H = 8, .Hkv = 2, .D = 64, .Dv = 64, .causal = true,
                           .off = offset::q_offset},
+                   config{.B = 2, .Sq = 2, .Sk = 1300, .H = 8, .Hkv = 2, .D = 64, .Dv = 64, .causal = true,
+                          .off = offset::q_offset},  // 8 rows per kv head: with AVX-512 the row layout for
+                                                     // the bias, columns for the staged keys of the others
                    config{.B = 1, .Sq = 100, .Sk = 300, .H = 4, .Hkv = 2, .D = 32, .Dv = 16, .causal = true,
                           .off = offset::q_offset, .q_block = 32, .k_block = 64}}) {
     const problem p = rounded_kv<float, Eigen::bfloat16>(c);

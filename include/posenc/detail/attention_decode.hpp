@@ -25,11 +25,12 @@
 //                  measured slower (f32, 1 row: 1.65 -> 2.0 ms).
 //   tile math      S = scale Q K^T, the encoding's score terms and bias per query head, masks, online
 //                  softmax, O += P V; per segment (O, m, l) are kept and merged exactly at the end (the
-//                  log-sum-exp merge of attention.hpp's merge). Up to 4 rows per kv head the scores
-//                  are rows (row_dots, add_weighted); for more, columns (column_dots, the softmax
-//                  down the columns, add_weighted_rows), where each K and V value comes from memory
-//                  once for all the rows (decode_kernels.hpp); past two packets of rows (a token
-//                  of a wide MQA group) rows again, in 4-row blocks (stage_stored_rows).
+//                  log-sum-exp merge of attention.hpp's merge). Up to 4 rows per kv head (8 for half
+//                  keys read in place with AVX-512: column_min_rows) the scores are rows (row_dots,
+//                  add_weighted); for more, columns (column_dots, the softmax down the columns,
+//                  add_weighted_rows), where each K and V value comes from memory once for all the
+//                  rows (decode_kernels.hpp); past two packets of rows (a token of a wide MQA
+//                  group) rows again, in 4-row blocks (stage_stored_rows).
 #pragma once
 
 #include <algorithm>
@@ -308,11 +309,11 @@ class decode_attention {
     }
   }
 
-  /// Whether the tiles run in the column layout (decode_kernels.hpp): for more than one 4-row block
-  /// of row_dots, up to two packets of rows. Measured (GQA 32/8, d = 128, 4 query rows = 16 per kv
-  /// head, Lk = 4096, one core, best of 30 calls): f32 cache, row layout 4.42-4.47 ms, columns
-  /// 2.76-2.78 ms; f16 cache 4.00-4.03 ms against 3.11-3.13 ms.
-  [[nodiscard]] bool column_scores() const { return rows_ > 4 && column_packets<T>(rows_) > 0; }
+  /// Whether the tiles run in the column layout (decode_kernels.hpp): for more than column_min_rows,
+  /// up to two packets of rows. Measured (GQA 32/8, d = 128, 4 query rows = 16 per kv head, Lk = 4096,
+  /// one core, best of 30 calls): f32 cache, row layout 4.42-4.47 ms, columns 2.76-2.78 ms; f16 cache
+  /// 4.00-4.03 ms against 3.11-3.13 ms.
+  [[nodiscard]] bool column_scores() const { return rows_ > column_min_rows && column_packets<T>(rows_) > 0; }
   /// Lanes of a column of scores: the rows rounded up to whole packets.
   [[nodiscard]] index_t column_lanes() const { return column_packets<T>(rows_) * packet_of<T>::width; }
   /// Whether the column layout sums the values with add_weighted_pairs (AVX-512, f32 values, 9 to 16
@@ -336,6 +337,18 @@ class decode_attention {
   static constexpr bool values_direct = kv_packets<KV, T>::direct;
   static constexpr bool keys_direct =
       values_direct && !transforms_keys && (std::is_same_v<KV, T> || !has_score_terms<Bound, T>);
+  /// Rows per kv head up to which the row layout runs: one 4-row block of row_dots, and with keys
+  /// stored in half precision that the row layout reads in place (keys_direct) up to half a packet.
+  /// The column layout widens such keys into a staged copy, where the row layout widens them in its
+  /// loads, and its packets are at least half idle with so few rows (16 lanes with AVX-512). Keys
+  /// staged anyway (rotated, or read by score terms) keep the column layout, as T rows do. Paired
+  /// steps, rows / columns, f16, one core of a Zen 5 VM (Lk = 4096 / 32768 / 1024 in L3): 8 rows per
+  /// kv head 0.74-0.92 (64/8 at d = 128 0.82 / 0.79 / 0.79, 8/1 at d = 256 0.74 / 0.78 / 0.77, 64/8 at
+  /// d = 64 0.87 / 0.92 / 0.86, two tokens of 32/8 0.77 / 0.83 / 0.79; 2 threads, 64/8: 0.83 / 0.82 /
+  /// 0.81), 7 rows (28/4) 0.78 / 0.83 / 0.81, 6 rows (12/2) 0.99 / 1.01 / 0.72; with 12 rows 0.96-0.99,
+  /// with 16 rows 1.16-1.23 (so not past 8).
+  static constexpr index_t column_min_rows =
+      std::is_same_v<KV, T> || !keys_direct ? 4 : std::max<index_t>(4, packet_of<T>::width / 2);
   /// In the row layout, rows stored in T are staged all the same for more than 4 rows per kv head
   /// (groups too wide for the column layout): then every row is read by several 4-row blocks, and f32
   /// rows 4 KiB apart (BSHD, 8 kv heads x 128) alias in L1 sets and against the stores of the scores
