@@ -300,21 +300,29 @@ struct decode_cache {
   }
 };
 
+/// A causal call of `rows` new query rows for each of `heads` query heads against k and v, the queries
+/// after the first `q_end` - `rows` keys; `opt` gives the options besides causal and q_offset.
+template <class KV>
+void causal_step(const std::vector<float>& q, Index rows, Index heads, posenc::heads_view<const KV> k,
+                 posenc::heads_view<const KV> v, std::vector<float>& out, Index q_end, posenc::attention_options opt) {
+  const Index d = k.dim();
+  opt.causal = true;
+  opt.q_offset = q_end - rows;
+  posenc::attention<float>(posenc::bshd<const float>(q.data(), 1, rows, heads, d), k, v,
+                           posenc::bshd(out.data(), 1, rows, heads, d), posenc::no_position{}, opt);
+  benchmark::DoNotOptimize(out.data());
+  benchmark::ClobberMemory();
+}
+
 /// One decode step of `rows` new query rows (GQA 32/8, causal, at the end of the cache, or after its
 /// first `filled` keys when > 0), with a sliding window of `window` keys (0 = none).
 template <class KV>
 void decode_step(const std::vector<float>& q, Index rows, const decode_cache<KV>& k, const decode_cache<KV>& v,
                  std::vector<float>& out, Eigen::ThreadPool* pool, Index window = 0, Index filled = 0) {
-  constexpr Index H = 32, d = 128;
   posenc::attention_options opt;
-  opt.causal = true;
-  opt.q_offset = (filled > 0 ? filled : k.tokens) - rows;
   opt.sliding_window = window;
   opt.pool = pool;
-  posenc::attention<float>(posenc::bshd<const float>(q.data(), 1, rows, H, d), k.view(), v.view(),
-                           posenc::bshd(out.data(), 1, rows, H, d), posenc::no_position{}, opt);
-  benchmark::DoNotOptimize(out.data());
-  benchmark::ClobberMemory();
+  causal_step(q, rows, 32, k.view(), v.view(), out, filled > 0 ? filled : k.tokens, opt);
 }
 
 /// Seconds of one decode step of `rows` rows (decode_step).
@@ -549,16 +557,10 @@ void decode_groups(benchmark::State& state) {
   const auto pool = make_pool(threads);
   const auto step = [&](posenc::attention_path path) {
     posenc::attention_options opt;
-    opt.causal = true;
-    opt.q_offset = Lk - rows;
     opt.pool = pool.get();
     opt.path = path;
-    posenc::attention<float>(posenc::bshd<const float>(q.data(), 1, rows, H, d),
-                             posenc::bshd<const KV>(k.data(), 1, Lk, Hkv, d),
-                             posenc::bshd<const KV>(v.data(), 1, Lk, Hkv, d), posenc::bshd(out.data(), 1, rows, H, d),
-                             posenc::no_position{}, opt);
-    benchmark::DoNotOptimize(out.data());
-    benchmark::ClobberMemory();
+    causal_step(q, rows, H, posenc::bshd<const KV>(k.data(), 1, Lk, Hkv, d),
+                posenc::bshd<const KV>(v.data(), 1, Lk, Hkv, d), out, Lk, opt);
   };
   state.counters["tiled_over_decode"] = bench_util::median_pair_ratio(
       state, [&] { step(posenc::attention_path::decode); }, [&] { step(posenc::attention_path::tiled); });
