@@ -25,9 +25,9 @@
 //                  measured slower (f32, 1 row: 1.65 -> 2.0 ms).
 //   tile math      S = scale Q K^T, the encoding's score terms and bias per query head, masks, online
 //                  softmax, O += P V; per segment (O, m, l) are kept and merged exactly at the end (the
-//                  log-sum-exp merge of attention.hpp's merge). Up to 4 rows per kv head (8 for half
-//                  keys read in place with AVX-512: column_min_rows) the scores are rows (row_dots,
-//                  add_weighted); for more, columns (column_dots, the softmax down the columns,
+//                  log-sum-exp merge of attention.hpp's merge). Up to 4 rows per kv head (half keys
+//                  read in place: 8 with AVX-512, 16 with AVX2, column_min_rows) the scores are rows
+//                  (row_dots, add_weighted); for more, columns (column_dots, the softmax down the columns,
 //                  add_weighted_rows), where each K and V value comes from memory once for all the
 //                  rows (decode_kernels.hpp); past two packets of rows (a token of a wide MQA
 //                  group) rows again, in 4-row blocks (stage_stored_rows).
@@ -337,18 +337,23 @@ class decode_attention {
   static constexpr bool values_direct = kv_packets<KV, T>::direct;
   static constexpr bool keys_direct =
       values_direct && !transforms_keys && (std::is_same_v<KV, T> || !has_score_terms<Bound, T>);
-  /// Rows per kv head up to which the row layout runs: one 4-row block of row_dots, and with keys
-  /// stored in half precision that the row layout reads in place (keys_direct) up to half a packet.
+  /// Rows per kv head up to which the row layout runs: one 4-row block of row_dots, and further with
+  /// keys stored in half precision that the row layout reads in place (keys_direct): half a packet
+  /// with AVX-512 (8 rows), both packets the column layout could take with AVX2 (16 rows, all of it).
   /// The column layout widens such keys into a staged copy, where the row layout widens them in its
-  /// loads, and its packets are at least half idle with so few rows (16 lanes with AVX-512). Keys
-  /// staged anyway (rotated, or read by score terms) keep the column layout, as T rows do. Paired
-  /// steps, rows / columns, f16, one core of a Zen 5 VM (Lk = 4096 / 32768 / 1024 in L3): 8 rows per
-  /// kv head 0.74-0.92 (64/8 at d = 128 0.82 / 0.79 / 0.79, 8/1 at d = 256 0.74 / 0.78 / 0.77, 64/8 at
-  /// d = 64 0.87 / 0.92 / 0.86, two tokens of 32/8 0.77 / 0.83 / 0.79; 2 threads, 64/8: 0.83 / 0.82 /
-  /// 0.81), 7 rows (28/4) 0.78 / 0.83 / 0.81, 6 rows (12/2) 0.99 / 1.01 / 0.72; with 12 rows 0.96-0.99,
-  /// with 16 rows 1.16-1.23 (so not past 8).
-  static constexpr index_t column_min_rows =
-      std::is_same_v<KV, T> || !keys_direct ? 4 : std::max<index_t>(4, packet_of<T>::width / 2);
+  /// loads. Keys staged anyway (rotated, or read by score terms) keep the column layout, as T rows do.
+  /// Paired steps, rows / columns, f16, one core of a Zen 5 VM (Lk = 4096 / 32768 / 1024 in L3):
+  ///   AVX-512: 8 rows per kv head 0.74-0.92 (64/8 at d = 128 0.82 / 0.79 / 0.79, 8/1 at d = 256
+  ///   0.74 / 0.78 / 0.77, 64/8 at d = 64 0.87 / 0.92 / 0.86, two tokens of 32/8 0.77 / 0.83 / 0.79;
+  ///   2 threads, 64/8: 0.83 / 0.82 / 0.81; bf16 0.75-0.83), 7 rows (28/4) 0.78 / 0.83 / 0.81, 6 rows
+  ///   (12/2) 0.99 / 1.01 / 0.72; with 12 rows 0.96-0.99, with 16 rows 1.16-1.23 (so not past 8).
+  ///   AVX2 (-march=native -mno-avx512f), against the column layout with 8-key blocks
+  ///   (column_block_keys), GQA 32/8 at d = 128: 8 rows 0.90-0.92, 12 rows 0.80-0.81, 16 rows
+  ///   0.94-0.98; against its 4-key blocks, in six shapes of 6 to 8 rows 0.66-0.91, two of 12 rows
+  ///   0.65-0.79 and three of 16 rows 0.79-0.93.
+  static constexpr index_t half_row_layout_rows =
+      packet_of<T>::width >= 16 ? packet_of<T>::width / 2 : 2 * packet_of<T>::width;
+  static constexpr index_t column_min_rows = std::is_same_v<KV, T> || !keys_direct ? 4 : half_row_layout_rows;
   /// In the row layout, rows stored in T are staged all the same for more than 4 rows per kv head
   /// (groups too wide for the column layout): then every row is read by several 4-row blocks, and f32
   /// rows 4 KiB apart (BSHD, 8 kv heads x 128) alias in L1 sets and against the stores of the scores
