@@ -64,14 +64,15 @@ std::vector<config> decode_configs() {
   // the keys' register blocks compiled for d = 128
   add(1, 2100, 8, 2, 128, 128, layout::bhsd, true, padding::mask, offset::q_offset);
   add(2, 1100, 4, 2, 128, 64, layout::bhsd, true, padding::lengths, offset::q_offset);
-  // groups the automatic choice now takes too: 17 to 32 rows (two packets of columns with AVX-512, rows
-  // elsewhere), and 1 or 2 queries of a wide MQA group (the row layout: 71 rows, a Falcon-7B token; 80)
+  // wide groups the automatic choice sends to the decode path: 17 to 32 rows (two packets of columns
+  // with AVX-512, rows elsewhere), and 1 or 2 queries of a wide MQA group (the row layout: 71 rows, a
+  // Falcon-7B token; 80)
   add(8, 1050, 8, 2, 24, 24, layout::bshd, true, padding::lengths, offset::q_offset);
   add(6, 1300, 10, 2, 40, 40, layout::bshd, true, padding::mask, offset::q_offset);
   add(1, 1500, 71, 1, 64, 64, layout::bshd, true, padding::none, offset::q_offset);
   add(2, 1100, 40, 1, 32, 24, layout::bhsd, true, padding::mask, offset::explicit_positions);
-  // 8 rows at the head dims with register blocks: the row layout for a half-precision cache (AVX-512),
-  // the column layout for one stored as T
+  // 8 rows at the head dims with register blocks: the row layout for a half-precision cache (AVX-512
+  // and AVX2, which also takes its 9 to 16 rows, above, in rows), the column layout for one stored as T
   add(2, 1300, 8, 2, 128, 128, layout::bshd, true, padding::mask, offset::q_offset);
   add(1, 1100, 8, 1, 256, 256, layout::bshd, true, padding::none, offset::q_offset);
   return out;
