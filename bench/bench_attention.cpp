@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -29,6 +30,7 @@
 
 #include "fma_peak.hpp"
 #include "pairs.hpp"
+#include "polling_pool.hpp"
 #include "random.hpp"
 
 namespace {
@@ -318,7 +320,7 @@ void causal_step(const std::vector<float>& q, Index rows, Index heads, posenc::h
 /// first `filled` keys when > 0), with a sliding window of `window` keys (0 = none).
 template <class KV>
 void decode_step(const std::vector<float>& q, Index rows, const decode_cache<KV>& k, const decode_cache<KV>& v,
-                 std::vector<float>& out, Eigen::ThreadPool* pool, Index window = 0, Index filled = 0) {
+                 std::vector<float>& out, Eigen::ThreadPoolInterface* pool, Index window = 0, Index filled = 0) {
   posenc::attention_options opt;
   opt.sliding_window = window;
   opt.pool = pool;
@@ -515,10 +517,36 @@ constexpr double decode_loop_bytes = 256.0 * (1 << 20);
 /// Seconds of one token of a decode loop: a `rows`-row step (decode_step) against each layer's cache in
 /// turn, as a host runs its layers.
 template <class KV>
-std::function<double()> timed_loop(std::vector<decode_operands<KV>>& layers, Index rows, Eigen::ThreadPool* pool) {
+std::function<double()> timed_loop(std::vector<decode_operands<KV>>& layers, Index rows,
+                                   Eigen::ThreadPoolInterface* pool) {
   return [&layers, rows, pool] {
     const auto t0 = std::chrono::steady_clock::now();
     for (auto& x : layers) decode_step(x.q, rows, x.k, x.v, x.out, pool);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+}
+
+/// Seconds of one token of a decode loop run as two independent 1-thread loops at once: the calling
+/// thread's over the first half of the layers, a pool thread's over the rest, every call without a pool
+/// (timed_loop's calls, the same bytes). What two cores give the 1-thread step's own work on this
+/// machine, with no call split between them and one hand-off per token instead of one per call: the
+/// bound of a split-KV step's two_over_one (BM_decode_layers).
+template <class KV>
+std::function<double()> timed_loop_pair(std::vector<decode_operands<KV>>& layers, Index rows,
+                                        Eigen::ThreadPoolInterface& pool) {
+  return [&layers, rows, &pool] {
+    const auto half = static_cast<std::ptrdiff_t>(layers.size() / 2);
+    const auto run = [rows](auto first, auto last) {
+      for (auto x = first; x != last; ++x) decode_step(x->q, rows, x->k, x->v, x->out, nullptr);
+    };
+    const auto t0 = std::chrono::steady_clock::now();
+    Eigen::Barrier done(1);
+    pool.Schedule([&] {
+      run(layers.begin() + half, layers.end());
+      done.Notify();
+    });
+    run(layers.begin(), layers.begin() + half);
+    done.Wait();
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
 }
@@ -576,29 +604,42 @@ void decode_groups(benchmark::State& state) {
 // it still in L3 at Lk = 4096; BM_decode_threads and BM_decode_limits evict it with a triad's writes,
 // single-thread runs in between). As many layers as make decode_loop_bytes (at least 2). Each
 // iteration runs, in turns (run_turns), the loop with 1 row on 1 and on 2 threads, with 4 rows on 1
-// and on 2 threads, and a triad moving the loop's bytes on 1 and on 2 threads. The reported time is a
-// token's (all layers) with 1 row on 1 thread. Counters, medians of the per-iteration ratios:
+// and on 2 threads, a triad moving the loop's bytes on 1 and on 2 threads, and the 1-row loop as two
+// independent 1-thread halves at once (timed_loop_pair). The reported time is a token's (all layers)
+// with 1 row on 1 thread. `polling`: the 2-thread steps' pool, 0 Eigen's ThreadPool (as every other
+// benchmark here), 1 a polling_pool (polling_pool.hpp), whose worker polls for 500 us after a task
+// instead of sleeping (the triads and the two halves run on the Eigen pool either way). Counters,
+// medians of the per-iteration ratios:
 //   two_over_one      time(1 row, 1 thread) / time(1 row, 2 threads)
+//   pair_two_over_one time(1 row, 1 thread) / time(the two halves at once): what the machine gives
+//                     a second thread doing the same work, the bound of two_over_one
+//   two_of_pair       time(the two halves) / time(1 row, 2 threads): the split step against that bound
 //   four_over_one     time(4 rows) / time(1 row), on 1 thread; four_over_one_2t the same on 2
 //   one_of_triad, two_of_triad  the 1-row loop's rate against the triad's on as many threads
 //   triad_two_over_one  what the second core adds to the triad
 template <class KV>
 void decode_layers(benchmark::State& state) {
   const Index Lk = state.range(0);
+  const bool polling = state.range(1) != 0;
   std::vector<decode_operands<KV>> layers;
   layers.emplace_back(4, Lk);
   const double layer_bytes = layers.front().kv_bytes();
   const auto n = static_cast<std::size_t>(std::max(2.0, std::ceil(decode_loop_bytes / layer_bytes)));
   while (layers.size() < n) layers.emplace_back(4, Lk);
   const auto pool = make_pool(2);
+  bench_util::polling_pool polling_threads(polling ? 2 : 1);
+  Eigen::ThreadPoolInterface* const steps = polling ? static_cast<Eigen::ThreadPoolInterface*>(&polling_threads)
+                                                    : pool.get();
   const double kv = layer_bytes * static_cast<double>(n);
   triad_arrays triad(static_cast<std::size_t>(kv));
   const auto sec = run_turns(
-      state, {timed_loop(layers, 1, nullptr), timed_loop(layers, 1, pool.get()), timed_loop(layers, 4, nullptr),
-              timed_loop(layers, 4, pool.get()), [&] { return run_parts(nullptr, std::ref(triad)); },
-              [&] { return run_parts(pool.get(), std::ref(triad)); }});
+      state, {timed_loop(layers, 1, nullptr), timed_loop(layers, 1, steps), timed_loop(layers, 4, nullptr),
+              timed_loop(layers, 4, steps), [&] { return run_parts(nullptr, std::ref(triad)); },
+              [&] { return run_parts(pool.get(), std::ref(triad)); }, timed_loop_pair(layers, 1, *pool)});
   state.counters["layers"] = static_cast<double>(n);
   state.counters["two_over_one"] = median_over(sec, [](const auto& s) { return s[0] / s[1]; });
+  state.counters["pair_two_over_one"] = median_over(sec, [](const auto& s) { return s[0] / s[6]; });
+  state.counters["two_of_pair"] = median_over(sec, [](const auto& s) { return s[6] / s[1]; });
   state.counters["four_over_one"] = median_over(sec, [](const auto& s) { return s[2] / s[0]; });
   state.counters["four_over_one_2t"] = median_over(sec, [](const auto& s) { return s[3] / s[1]; });
   state.counters["one_of_triad"] = median_over(sec, [&](const auto& s) { return triad.seconds_for(kv, s[4]) / s[0]; });
@@ -769,8 +810,8 @@ void register_decode(const char* kv) {
   paired("BM_decode_limits/kv:f32", decode_limits<float>, {{4096, 32768}, {1, 2}}, {"Lk", "threads"});
   paired("BM_decode_threads/kv:f32", decode_threads<float>, {{1}, {4096, 32768}}, {"rows", "Lk"});
   paired("BM_decode_threads/kv:f16", decode_threads<Eigen::half>, {{1}, {4096, 32768}}, {"rows", "Lk"});
-  paired("BM_decode_layers/kv:f32", decode_layers<float>, {{4096, 32768}}, {"Lk"});
-  paired("BM_decode_layers/kv:f16", decode_layers<Eigen::half>, {{4096, 32768}}, {"Lk"});
+  paired("BM_decode_layers/kv:f32", decode_layers<float>, {{4096, 32768}, {0, 1}}, {"Lk", "polling"});
+  paired("BM_decode_layers/kv:f16", decode_layers<Eigen::half>, {{4096, 32768}, {0, 1}}, {"Lk", "polling"});
   // Falcon-7B (71/1, d = 64) and StarCoder (48/1, d = 128) decoding a token, Llama-3-70B (64/8) 4 tokens,
   // Llama-3-8B (32/8) 8 and 16, an MQA group of 128 2 tokens, Falcon-7B 4 tokens
   for (const char* kv : {"f32", "f16"}) {

@@ -11,6 +11,7 @@
 //   detail::prefetch<W, L>(p)      a software prefetch hint (no-op where there is none)
 //   detail::add_overflow(a, b, r)  r = a + b for signed integers; true (and r unspecified) on overflow
 //   detail::sub_overflow(a, b, r)  r = a - b, likewise
+//   detail::cpu_relax()            a spin-wait hint: pause on x86, yield on AArch64, nothing elsewhere
 //
 // POSENC_PORTABLE_BUILTINS forces every fallback (for testing them on a compiler that has the builtins).
 #pragma once
@@ -19,7 +20,7 @@
 #include <type_traits>
 
 #if defined(_MSC_VER) && !defined(__clang__) && (defined(_M_X64) || defined(_M_IX86))
-#include <xmmintrin.h>  // _mm_prefetch
+#include <xmmintrin.h>  // _mm_prefetch, _mm_pause
 #endif
 
 #ifdef __has_builtin
@@ -104,6 +105,19 @@ constexpr bool sub_overflow(T a, T b, T& r) noexcept {
   return __builtin_sub_overflow(a, b, &r);
 #else
   return portable::sub_overflow(a, b, r);
+#endif
+}
+
+/// A hint inside a spin-wait loop that the thread is waiting: it lets the core give its resources to a
+/// sibling hardware thread and saves power (pause on x86, yield on AArch64; nothing elsewhere).
+POSENC_ALWAYS_INLINE void cpu_relax() noexcept {
+#if defined(POSENC_PORTABLE_BUILTINS)
+#elif (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+  __builtin_ia32_pause();
+#elif (defined(__GNUC__) || defined(__clang__)) && defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#elif defined(_MSC_VER) && (defined(_M_X64) || defined(_M_IX86))
+  _mm_pause();
 #endif
 }
 
