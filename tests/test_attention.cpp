@@ -989,6 +989,17 @@ TEST_CASE("for_each_item: the first exception of a worker is rethrown on the cal
       CHECK(std::all_of(seen.begin(), seen.end(), [](const std::atomic<int>& x) { return x.load() == 1; }));
       CHECK(ids.size() <= static_cast<std::size_t>(threads));
       if (who == workers::pool) CHECK(ids.count(std::this_thread::get_id()) == 0);
+      // an item that ends long after the others, past the time a working caller polls for them
+      // (caller_poll_time): the caller then waits in the barrier, and the call still returns complete
+      std::atomic<int> done{0};
+      posenc::detail::for_each_item<scratch>(
+          &pool, 2, [](scratch&) {},
+          [&](Index i, scratch&) {
+            if (i == 1) std::this_thread::sleep_for(4 * posenc::detail::caller_poll_time);
+            ++done;
+          },
+          who);
+      CHECK(done.load() == 2);
     }
 }
 

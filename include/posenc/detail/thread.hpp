@@ -12,9 +12,11 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <thread>
 
 #include <unsupported/Eigen/CXX11/ThreadPool>
 
+#include "posenc/detail/platform.hpp"
 #include "posenc/tensor.hpp"
 
 namespace posenc::detail {
@@ -83,6 +85,32 @@ class thread_scratch {
 /// 32/8, Lk = 1024 to 32768); prefill 1.02x (L = 1024) and 1.05x (L = 2048), so only decode uses it.
 enum class workers { pool, pool_and_caller };
 
+/// How long a calling thread that ran items itself (workers::pool_and_caller) polls for the pool's
+/// threads to finish theirs before it sleeps in the barrier. A pool thread that ends last wakes a
+/// sleeping caller only when the OS runs it again, tens of microseconds later on a VM, on every call:
+/// a host's decode loop of 2-thread steps (BM_decode_layers, f32, 1 row, GQA 32/8, d = 128, Lk = 4096,
+/// 2-vCPU Zen 5 VM; two_of_pair, the loop's time against two independent 1-thread loops making the
+/// same calls at once) ran at 0.89-0.94 of that bound with the caller sleeping (12 runs), 0.93-0.97
+/// with it polling (six runs); in three alternating pairs of runs two_over_one went from 1.49-1.63
+/// to 1.65-1.75. Not yielding measured 0.96-0.99 (five runs; in turns with this 0.97 / 0.97, 0.98 /
+/// 0.94), within the spread, so the yield that keeps an oversubscribed pool going stays. The wait it
+/// covers is the pool thread's later start and the items' unequal times (0.2 ms apart at most at
+/// Lk = 32768); past it the caller sleeps, so that it holds its core for at most this long.
+inline constexpr std::chrono::microseconds caller_poll_time{500};
+
+/// Returns once finished reaches count or caller_poll_time has passed, whichever is first. Between
+/// clock reads the thread yields, so that a pool with more threads than cores still runs its workers.
+inline void poll_until(const std::atomic<index_t>& finished, index_t count) {
+  const auto until = std::chrono::steady_clock::now() + caller_poll_time;
+  for (unsigned spin = 1; finished.load(std::memory_order_acquire) < count; ++spin) {
+    if (spin % 64 == 0) {
+      if (std::chrono::steady_clock::now() > until) return;
+      std::this_thread::yield();
+    }
+    cpu_relax();
+  }
+}
+
 /// Calls body(item, scratch) for item = 0 .. items-1. Each worker takes its thread's scratch
 /// (thread_scratch<S>), lets prepare(scratch) size it for this call, and pulls items from a shared
 /// counter (dynamic scheduling: items of unequal cost, e.g. the causal triangle, balance without a
@@ -108,6 +136,7 @@ void for_each_item(Eigen::ThreadPoolInterface* pool, index_t items, Prepare prep
   }
   const index_t count = std::min(threads, items);
   std::atomic<index_t> next{0};
+  std::atomic<index_t> finished{0};  // workers done, for a caller that polls (poll_until)
   first_error error;
   Eigen::Barrier done(static_cast<unsigned int>(count));
   const auto work = [&] {
@@ -121,11 +150,15 @@ void for_each_item(Eigen::ThreadPoolInterface* pool, index_t items, Prepare prep
       error.record(std::current_exception());
       next.store(items, std::memory_order_relaxed);  // no new items for anyone
     }
+    finished.fetch_add(1, std::memory_order_release);
     done.Notify();
   };
   const bool caller = who == workers::pool_and_caller;
   for (index_t w = caller ? 1 : 0; w < count; ++w) pool->Schedule(work);
-  if (caller) work();
+  if (caller) {
+    work();
+    poll_until(finished, count);
+  }
   done.Wait();
   error.rethrow_if_any();
 }
