@@ -20,7 +20,8 @@
 #include <type_traits>
 
 #if defined(_MSC_VER) && !defined(__clang__) && (defined(_M_X64) || defined(_M_IX86))
-#include <xmmintrin.h>  // _mm_prefetch, _mm_pause
+#include <emmintrin.h>  // _mm_pause
+#include <xmmintrin.h>  // _mm_prefetch
 #endif
 
 #ifdef __has_builtin
