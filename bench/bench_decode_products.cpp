@@ -18,6 +18,8 @@
 //              l2    each head's 32 rows adjacent, the heads' tiles one after the other: 128 KiB, in L2
 //              bshd  rows 4 KiB apart (8 kv heads x 128 floats a token), the heads' tiles in turn,
 //                    as the step reads a cache: 128 KiB, in L2
+//              pad   as bshd with every token row 64 bytes longer (a padded cache, docs/kv-cache.md):
+//                    the same column of the 32 rows in 32 L1 sets instead of one
 // Without the products' prefetch (it is for the next tile from DRAM: bench_read_order). Counters
 // MACs_per_ns (the product) and peak_MACs_per_ns (the FMA loop), a packet FMA counting its lanes.
 // What the decode step takes beyond these rates is its reads from DRAM and its softmax step
@@ -37,7 +39,7 @@ namespace {
 
 using posenc::index_t;
 namespace dk = posenc::detail;
-constexpr index_t heads = 8, dim = 128, token = heads * dim, keys = 32;
+constexpr index_t heads = 8, dim = 128, token = heads * dim, padded_token = token + 16, keys = 32;
 
 /// x, opaque to the optimizer: the products get their sizes at run time, as the decode step passes
 /// them (constant sizes let g++ 12 unroll and warn about loops the step never compiles).
@@ -47,25 +49,28 @@ index_t at_run_time(index_t x) {
 }
 
 enum class product { row_dots, add_weighted, column_dots, add_weighted_rows, add_weighted_pairs };
-enum class layout { l1, l2, bshd };
+enum class layout { l1, l2, bshd, pad };
 
 /// The operands of one tile of the 8 kv heads, and the product run over them.
 struct tile {
   product what;
   layout where;
   index_t rows = what == product::row_dots || what == product::add_weighted ? 4 : 16;
-  std::vector<float> cache = std::vector<float>(static_cast<std::size_t>(keys * token), 1e-3f);
+  std::vector<float> cache = std::vector<float>(static_cast<std::size_t>(keys * padded_token), 1e-3f);
   std::vector<float> q = std::vector<float>(static_cast<std::size_t>(heads * rows * dim), 1e-2f);
   std::vector<float> scores = std::vector<float>(static_cast<std::size_t>(heads * rows * keys), 1e-2f);
   std::vector<float> out = std::vector<float>(static_cast<std::size_t>(heads * rows * dim), 0.f);
   std::vector<float> weights = std::vector<float>(static_cast<std::size_t>(32 * keys), 0.f);
 
-  /// Head h's first row and the row stride: in place in BSHD, head h's contiguous tile (l2), or the one
-  /// contiguous tile (l1).
+  /// Head h's first row and the row stride: in place in (padded) BSHD, head h's contiguous tile (l2), or
+  /// the one contiguous tile (l1).
+  [[nodiscard]] bool in_place() const { return where == layout::bshd || where == layout::pad; }
   [[nodiscard]] const float* rows_of(index_t h) const {
-    return cache.data() + (where == layout::bshd ? h * dim : where == layout::l2 ? h * keys * dim : 0);
+    return cache.data() + (in_place() ? h * dim : where == layout::l2 ? h * keys * dim : 0);
   }
-  [[nodiscard]] index_t stride() const { return where == layout::bshd ? token : dim; }
+  [[nodiscard]] index_t stride() const {
+    return where == layout::pad ? padded_token : where == layout::bshd ? token : dim;
+  }
 
   /// MACs of the product over the tile's 8 heads.
   [[nodiscard]] index_t macs() const { return heads * rows * keys * dim; }
@@ -74,9 +79,9 @@ struct tile {
     const index_t n = at_run_time(keys), d = at_run_time(dim), hs = at_run_time(heads);
     switch (what) {
       case product::row_dots:
-        if (where == layout::bshd) {
+        if (in_place()) {
           dk::row_dots_across_heads<4, dim, dk::to_l2>([&](index_t h) { return q.data() + h * rows * d; }, hs,
-                                                       rows_of(0), token, d, n, d, scores.data(), rows * n, 0);
+                                                       rows_of(0), stride(), d, n, d, scores.data(), rows * n, 0);
         } else {
           for (index_t h = 0; h < hs; ++h)
             dk::row_dots_across_heads<4, dim, dk::to_l2>([&](index_t) { return q.data() + h * rows * d; }, 1,
@@ -143,7 +148,8 @@ void products(benchmark::State& state, product what, layout where) {
     if (what == product::add_weighted_pairs) continue;
 #endif
     for (const auto& [lname, where] :
-         {std::pair<const char*, layout>{"l1", layout::l1}, {"l2", layout::l2}, {"bshd", layout::bshd}})
+         {std::pair<const char*, layout>{"l1", layout::l1}, {"l2", layout::l2}, {"bshd", layout::bshd},
+          {"pad", layout::pad}})
       benchmark::RegisterBenchmark((std::string("BM_decode_products/") + name + "/layout:" + lname).c_str(),
                                    [what = what, where = where](benchmark::State& s) { products(s, what, where); })
           ->Unit(benchmark::kMicrosecond)
