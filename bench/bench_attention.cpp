@@ -22,6 +22,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <posenc/attention.hpp>
 #include <random>
 #include <string>
@@ -627,8 +628,9 @@ void decode_layers(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(std::max(2.0, std::ceil(decode_loop_bytes / layer_bytes)));
   while (layers.size() < n) layers.emplace_back(4, Lk);
   const auto pool = make_pool(2);
-  bench_util::polling_pool polling_threads(polling ? 2 : 1);
-  Eigen::ThreadPoolInterface* const steps = polling ? static_cast<Eigen::ThreadPoolInterface*>(&polling_threads)
+  std::optional<bench_util::polling_pool> polling_threads;
+  if (polling) polling_threads.emplace(2);
+  Eigen::ThreadPoolInterface* const steps = polling ? static_cast<Eigen::ThreadPoolInterface*>(&*polling_threads)
                                                     : pool.get();
   const double kv = layer_bytes * static_cast<double>(n);
   triad_arrays triad(static_cast<std::size_t>(kv));
