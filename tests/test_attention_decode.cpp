@@ -118,6 +118,43 @@ TEST_CASE("decode kernels: queries into the column layout and the pair layout ba
     }
 }
 
+#if defined(EIGEN_VECTORIZE_AVX512)
+TEST_CASE("decode kernels: add_weighted_pairs against a double sum, awkward key counts and widths", "[kernel][decode]") {
+  namespace dk = posenc::detail;
+  const Index lanes = 16, ld = 17;  // P^T rows padded: the products read it with a row stride
+  for (Index dv : {2, 6, 8, 10, 16, 30, 100, 128, 130})
+    for (Index cols : {1, 7, 8, 9, 15, 29, 32})
+      for (bool with_alpha : {false, true}) {
+        const Index v_stride = dv + 3;
+        std::vector<float> pt(static_cast<std::size_t>(cols * ld)), v(static_cast<std::size_t>(cols * v_stride)),
+            oc(static_cast<std::size_t>(dv / 2 * 32)), alpha(static_cast<std::size_t>(lanes));
+        const auto fill = [](std::vector<float>& x, int salt) {
+          for (std::size_t i = 0; i < x.size(); ++i)
+            x[i] = static_cast<float>((static_cast<int>(i) * 37 + salt * 11) % 101 - 50) / 64.f;
+        };
+        fill(pt, 1);
+        fill(v, 2);
+        fill(oc, 3);
+        fill(alpha, 4);
+        const std::vector<float> before = oc;
+        std::vector<float> wp(static_cast<std::size_t>(32 * cols)), alpha_pairs(32);
+        dk::add_weighted_pairs(pt.data(), ld, v.data(), v_stride, cols, dv, oc.data(), with_alpha ? alpha.data() : nullptr,
+                               0, wp.data(), alpha_pairs.data());
+        INFO("dv " << dv << ", keys " << cols << (with_alpha ? ", alpha" : ""));
+        double worst = 0;
+        for (Index r = 0; r < lanes; ++r)
+          for (Index t = 0; t < dv; ++t) {
+            const auto at = static_cast<std::size_t>(dk::pair_offset(r, t));
+            double want = before[at] * (with_alpha ? double{alpha[static_cast<std::size_t>(r)]} : 1.0);
+            for (Index j = 0; j < cols; ++j)
+              want += double{pt[static_cast<std::size_t>(j * ld + r)]} * v[static_cast<std::size_t>(j * v_stride + t)];
+            worst = std::max(worst, std::abs(oc[at] - want));
+          }
+        CHECK(worst < 1e-5);
+      }
+}
+#endif
+
 TEST_CASE("attention, tiled path forced: small sizes, every option combination, float", "[kernel]") {
   for (const config& c : with_path(small_configs(), posenc::attention_path::tiled)) check_case<float>(c, posenc::no_position{});
 }
