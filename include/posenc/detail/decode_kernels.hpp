@@ -766,8 +766,8 @@ void add_weighted_rows(const T* pt, index_t ld, index_t rows, const KV* v, index
 /// rows and 0.79-0.89 with each head's rows adjacent or 64 bytes longer; these chunks at 0.85 in place
 /// and 0.88 adjacent (bench_decode_products, one core of a Zen 5 VM). Decode steps, paired calls against
 /// the whole-tile loop, the same results bitwise (GQA 32/8, d = 128, 4 rows per query head, calls
-/// rotating over 384 MiB of caches): 0.966 / 0.967 (Lk = 4096, both orders), 0.950 (32768), 0.970 on
-/// 2 threads.
+/// rotating over 384 MiB of caches): 0.966-0.968 (Lk = 4096, both orders; 0.987 in a run on a slow
+/// machine), 0.966 (32768), 0.961 and 0.998 on 2 threads.
 inline constexpr int weighted_pair_chunk_keys = 8;
 
 /// O += P V for up to 16 rows in the pair layout of column_queries (lane l of packet i of dimension pair
