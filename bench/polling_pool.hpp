@@ -74,6 +74,10 @@ class polling_pool final : public Eigen::ThreadPoolInterface {
   /// The next task, or an empty function when none is queued.
   std::function<void()> take() {
     const std::lock_guard<std::mutex> lock(mutex_);
+    return pop_locked();
+  }
+  /// The same with mutex_ held by the caller.
+  std::function<void()> pop_locked() {
     if (tasks_.empty()) return {};
     std::function<void()> fn = std::move(tasks_.front());
     tasks_.pop_front();
@@ -100,9 +104,7 @@ class polling_pool final : public Eigen::ThreadPoolInterface {
         wake_.wait(lock, [this] { return stop_ || !tasks_.empty(); });
         --sleepers_;
         if (stop_ && tasks_.empty()) return;
-        fn = std::move(tasks_.front());
-        tasks_.pop_front();
-        queued_.store(tasks_.size(), std::memory_order_release);
+        fn = pop_locked();
       }
       fn();
     }
