@@ -26,6 +26,7 @@
 #include <posenc/attention.hpp>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -447,34 +448,76 @@ double fma_seconds(double macs, Eigen::ThreadPool* pool, std::vector<float>& kee
   });
 }
 
+/// A step's multiply-adds fed by the cache itself, with nothing else: K and V read once in address
+/// order, split over the pool's threads, each packet multiplied into F of 16 register-only chains (F
+/// packet FMAs per packet is F multiply-adds per element: 16 for 16 query rows per kv head), each
+/// 64-byte line prefetching into L1 the line 4 KiB further (as cache_reader).
+template <int F>
+struct streamed_fmas {
+  std::vector<const std::vector<float>*> x;
+  std::vector<float> sums;  // one slot per part
+  streamed_fmas(std::vector<const std::vector<float>*> arrays, Eigen::ThreadPool* pool)
+      : x(std::move(arrays)), sums(static_cast<std::size_t>(pool != nullptr ? pool->NumThreads() : 1), 0.f) {}
+  void operator()(int t, int parts) {
+    namespace in = Eigen::internal;
+    using P = bench_util::fma_packet;
+    constexpr std::size_t W = bench_util::fma_lanes, line = 64 / sizeof(float), ahead = 4096 / sizeof(float);
+    P c[16];
+    for (P& a : c) a = in::pset1<P>(0.f);
+    const P m = in::pset1<P>(0.9999f);
+    for (const auto* a : x) {
+      const float* p = a->data();
+      const auto [lo, hi] = part_range(a->size() / W, t, parts);
+      for (std::size_t i = lo; i < hi; ++i) {
+        if (i * W % line == 0) __builtin_prefetch(p + i * W + ahead, 0, 3);
+        const P v = in::ploadu<P>(p + i * W);
+        for (int f = 0; f < F; ++f) c[f % 16] = in::pmadd(v, m, c[f % 16]);
+      }
+    }
+    for (int i = 1; i < 16; ++i) c[0] = in::padd(c[0], c[i]);
+    sums[static_cast<std::size_t>(t)] = in::predux(c[0]);
+    benchmark::DoNotOptimize(sums.data());
+  }
+};
+
 // Four rows against one and against the machine's limits, in turns (run_turns): each iteration runs
-// the 1-row step, the 4-row step, a triad moving the step's K/V bytes, and register-only FMAs as many
-// as the 4-row step's multiply-adds (2 x 4 rows x 32 heads x Lk x d), all on the same threads.
-// Counters, medians of the per-iteration ratios:
-//   four_over_one  time(4 rows) / time(1 row), as BM_decode_rows_ratio
-//   at_limits      time(FMAs) / time(triad): four_over_one with the 4-row step at the FMA peak and the
-//                  1-row step at the triad's rate, each step's bound on this machine
-//   least          time(FMAs) / time(1 row): the least four_over_one the 1-row step's time leaves
-//   one_of_triad   the 1-row step's rate against the triad's; four_of_peak the 4-row step's against
-//                  the FMAs'
+// the 1-row step, the 4-row step, a triad moving the step's K/V bytes, register-only FMAs as many as
+// the 4-row step's multiply-adds (2 x 4 rows x 32 heads x Lk x d), and those multiply-adds fed by the
+// cache read in address order (streamed_fmas), all on the same threads. Counters, medians of the
+// per-iteration ratios:
+//   four_over_one   time(4 rows) / time(1 row), as BM_decode_rows_ratio
+//   at_limits       time(FMAs) / time(triad): four_over_one with the 4-row step at the FMA peak and the
+//                   1-row step at the triad's rate, each step's bound on this machine, as if the core
+//                   overlapped the two perfectly
+//   stream_over_one time(streamed) / time(1 row): four_over_one with the 4-row step doing its
+//                   multiply-adds on the bytes it reads and nothing else, as this core overlaps them
+//   least           time(FMAs) / time(1 row): the least four_over_one the 1-row step's time leaves
+//   one_of_triad    the 1-row step's rate against the triad's; four_of_peak the 4-row step's against
+//                   the FMAs'; four_of_stream against the streamed multiply-adds
 template <class KV>
 void decode_limits(benchmark::State& state) {
+  using X = decode_operands<KV>;
   const Index Lk = state.range(0), threads = state.range(1);
-  decode_operands<KV> x(4, Lk);
+  X x(4, Lk);
   const auto pool = make_pool(threads);
   triad_arrays triad(static_cast<std::size_t>(x.kv_bytes()));
-  const double macs = 2.0 * 4 * static_cast<double>(decode_operands<KV>::H * Lk * decode_operands<KV>::d);
+  const double macs = 2.0 * 4 * static_cast<double>(X::H * Lk * X::d);
   std::vector<float> keep(static_cast<std::size_t>(threads), 0.f);
+  static_assert(std::is_same_v<KV, float>, "streamed_fmas reads f32 caches");
+  streamed_fmas<4 * X::H / X::Hkv> streamed({&x.k.data, &x.v.data}, pool.get());
   const auto sec = run_turns(
       state,
       {timed_step(x.q, 1, x.k, x.v, x.out, pool.get()), timed_step(x.q, 4, x.k, x.v, x.out, pool.get()),
-       [&] { return run_parts(pool.get(), std::ref(triad)); }, [&] { return fma_seconds(macs, pool.get(), keep); }});
+       [&] { return run_parts(pool.get(), std::ref(triad)); }, [&] { return fma_seconds(macs, pool.get(), keep); },
+       [&] { return run_parts(pool.get(), std::ref(streamed)); }});
   const double kv = x.kv_bytes();
   state.counters["four_over_one"] = median_over(sec, [](const auto& s) { return s[1] / s[0]; });
   state.counters["at_limits"] = median_over(sec, [&](const auto& s) { return s[3] / triad.seconds_for(kv, s[2]); });
+  state.counters["stream_over_one"] = median_over(sec, [](const auto& s) { return s[4] / s[0]; });
   state.counters["least"] = median_over(sec, [](const auto& s) { return s[3] / s[0]; });
   state.counters["one_of_triad"] = median_over(sec, [&](const auto& s) { return triad.seconds_for(kv, s[2]) / s[0]; });
   state.counters["four_of_peak"] = median_over(sec, [](const auto& s) { return s[3] / s[1]; });
+  state.counters["four_of_stream"] = median_over(sec, [](const auto& s) { return s[4] / s[1]; });
 }
 
 // Split-KV against the memory's own scaling, in turns (run_turns): each iteration runs the 1-row step
