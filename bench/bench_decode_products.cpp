@@ -60,7 +60,6 @@ struct tile {
   std::vector<float> q = std::vector<float>(static_cast<std::size_t>(heads * rows * dim), 1e-2f);
   std::vector<float> scores = std::vector<float>(static_cast<std::size_t>(heads * rows * keys), 1e-2f);
   std::vector<float> out = std::vector<float>(static_cast<std::size_t>(heads * rows * dim), 0.f);
-  std::vector<float> weights = std::vector<float>(static_cast<std::size_t>(32 * keys), 0.f);
 
   /// Head h's first row and the row stride: in place in (padded) BSHD, head h's contiguous tile (l2), or
   /// the one contiguous tile (l1).
@@ -108,7 +107,7 @@ struct tile {
 #if defined(EIGEN_VECTORIZE_AVX512)
         for (index_t h = 0; h < hs; ++h)
           dk::add_weighted_pairs(scores.data() + h * rows * n, rows, rows_of(h), stride(), n, d,
-                                 out.data() + h * rows * d, nullptr, 0, weights.data(), nullptr);
+                                 out.data() + h * rows * d, nullptr, 0);
 #endif
         break;
     }

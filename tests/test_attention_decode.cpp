@@ -137,9 +137,8 @@ TEST_CASE("decode kernels: add_weighted_pairs against a double sum, awkward key 
         fill(oc, 3);
         fill(alpha, 4);
         const std::vector<float> before = oc;
-        std::vector<float> wp(static_cast<std::size_t>(32 * cols)), alpha_pairs(32);
         dk::add_weighted_pairs(pt.data(), ld, v.data(), v_stride, cols, dv, oc.data(), with_alpha ? alpha.data() : nullptr,
-                               0, wp.data(), alpha_pairs.data());
+                               0);
         INFO("dv " << dv << ", keys " << cols << (with_alpha ? ", alpha" : ""));
         double worst = 0;
         for (Index r = 0; r < lanes; ++r)

@@ -103,7 +103,6 @@ struct decode_scratch {
   std::vector<const T*> q_heads;     ///< per kv head, its group's q_scaled (scores_across_heads)
   index_t head_first = 0, head_end = 0;  ///< the kv heads of the current work item
   buffer k_work, v_work, scores, score_rows;
-  buffer weights, alpha;  ///< add_weighted_pairs' duplicated weights and alpha
   /// Rows ahead the products prefetch in the cache during the current tile: decode_prefetch_rows when
   /// the item reads the adjacent tile next, else 0 (no lines past its keys or the cache's end).
   index_t ahead = 0;
@@ -504,8 +503,7 @@ class decode_attention {
       if constexpr (std::is_same_v<T, float> && std::is_same_v<KV, float>) {
         if (value_pairs()) {
           add_weighted_pairs(scores + hk * n * lanes, lanes, v_.row(b, blk.first, hk), v_.token_stride(), n, vdim_,
-                             gs.acc.data(), alpha, column_prefetch(v_, hk, sc), grow(sc.weights, 32 * n),
-                             grow(sc.alpha, 32));
+                             gs.acc.data(), alpha, column_prefetch(v_, hk, sc));
           continue;
         }
       }

@@ -772,7 +772,7 @@ inline constexpr int weighted_pair_chunk_keys = 8;
 
 /// O += P V for up to 16 rows in the pair layout of column_queries (lane l of packet i of dimension pair
 /// p: row 8 i + l / 2, dimension 2 p + l % 2), so that each value pair (v[t], v[t+1]) is broadcast once
-/// (broadcast_pair) for two FMAs against the weights duplicated the same way (weight_pairs), and each
+/// (broadcast_pair) for two FMAs against the weights duplicated the same way (duplicate_lanes), and each
 /// value line is read once for all the rows. NPR dimension pairs from dimension t, over the KC keys of
 /// rows vr whose weights are w.
 template <int NPR, int KC>
@@ -798,15 +798,30 @@ POSENC_ALWAYS_INLINE void weighted_pairs_group(const __m512 (&w)[KC][2], const f
     for (int g = 0; g < 2; ++g) _mm512_storeu_ps(oc + (t / 2 + i) * 32 + g * 16, acc[i][g]);
 }
 
-/// One chunk of KC keys over the whole width dv: 4 dimension pairs at a time (8 accumulators beside
-/// the chunk's 2 KC weight packets), then single pairs. Each accumulator still takes its keys in
-/// order, so the sums are the same as with all the tile's keys at once.
+/// x's 16 lanes (one per query row) each twice, as the pair layout's lanes take them: lanes 0-7 in
+/// out[0] (x[0], x[0], x[1], x[1], ...), lanes 8-15 in out[1].
+POSENC_ALWAYS_INLINE void duplicate_lanes(const float* x, __m512 (&out)[2]) {
+  const __m512i lo = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  const __m512i hi = _mm512_setr_epi32(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
+  const __m512 p = _mm512_loadu_ps(x);
+  out[0] = _mm512_permutexvar_ps(lo, p);
+  out[1] = _mm512_permutexvar_ps(hi, p);
+}
+
+/// One chunk of KC keys over the whole width dv, its weights (P^T's rows, row stride ld) duplicated
+/// into registers here: 4 dimension pairs at a time (8 accumulators beside the chunk's 2 KC weight
+/// packets), then single pairs. Each accumulator still takes its keys in order, so the sums are the
+/// same as with all the tile's keys at once. Duplicating the weights of the whole tile into a buffer
+/// first, and loading them from it per chunk, held the product at 0.88-0.90 of the FMA peak against
+/// 0.92-0.94 (bench_decode_products, one core of a Zen 5 VM, the two builds in turn); decode steps,
+/// paired calls against it (f32 4 rows per query head, GQA 32/8, d = 128, calls rotating over
+/// 384 MiB of caches): 0.974-0.987 (Lk = 1024 to 32768, one thread), 0.977 and 1.007 on two. Chunks
+/// of 10 to 12 keys (tails of 2 to 10) ran at 0.83-0.89.
 template <int KC>
-inline void weighted_pairs_chunk(const float* wp, const float* v, index_t v_stride, index_t dv, float* oc,
+inline void weighted_pairs_chunk(const float* pt, index_t ld, const float* v, index_t v_stride, index_t dv, float* oc,
                                  const float* alpha, index_t prefetch) {
   __m512 w[KC][2];
-  for (int j = 0; j < KC; ++j)
-    for (int g = 0; g < 2; ++g) w[j][g] = _mm512_loadu_ps(wp + j * 32 + g * 16);
+  for (int j = 0; j < KC; ++j) duplicate_lanes(pt + j * ld, w[j]);
   const float* vr[KC];
   key_row_pointers(v, v_stride, vr);
   index_t t = 0;
@@ -814,29 +829,21 @@ inline void weighted_pairs_chunk(const float* wp, const float* v, index_t v_stri
   for (; t < dv; t += 2) weighted_pairs_group<1>(w, vr, t, oc, alpha, prefetch);
 }
 
-/// The weights of add_weighted_pairs: wp [cols x 32], row j = P^T's row j (16 lanes, one per query row)
-/// with each lane twice, and alpha (16 lanes) the same way when `alpha` is not null.
-inline void weight_pairs(const float* pt, index_t ld, index_t cols, float* wp, const float* alpha, float* alpha_pairs) {
-  const __m512i lo = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-  const __m512i hi = _mm512_setr_epi32(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
-  auto twice = [&](const float* x, float* dst) {
-    const __m512 p = _mm512_loadu_ps(x);
-    _mm512_storeu_ps(dst, _mm512_permutexvar_ps(lo, p));
-    _mm512_storeu_ps(dst + 16, _mm512_permutexvar_ps(hi, p));
-  };
-  for (index_t j = 0; j < cols; ++j) twice(pt + j * ld, wp + j * 32);
-  if (alpha != nullptr) twice(alpha, alpha_pairs);
-}
-
 /// O (pair layout, oc [dv / 2 x 32]) = diag(alpha) O + P V from P^T (cols x 16 lanes, row stride ld) and
 /// V (cols x dv, dv even) in f32: weighted_pair_chunk_keys keys at a time, alpha applied with the first
-/// chunk. `wp` holds 32 x cols floats, `alpha_pairs` 32 (scratch).
+/// chunk.
 inline void add_weighted_pairs(const float* pt, index_t ld, const float* v, index_t v_stride, index_t cols, index_t dv,
-                               float* oc, const float* alpha, index_t prefetch, float* wp, float* alpha_pairs) {
-  weight_pairs(pt, ld, cols, wp, alpha, alpha_pairs);
-  const float* a = alpha != nullptr ? alpha_pairs : nullptr;
+                               float* oc, const float* alpha, index_t prefetch) {
+  alignas(64) float alpha_pairs[32];
+  if (alpha != nullptr) {
+    __m512 a[2];
+    duplicate_lanes(alpha, a);
+    _mm512_store_ps(alpha_pairs, a[0]);
+    _mm512_store_ps(alpha_pairs + 16, a[1]);
+  }
   for_key_blocks<weighted_pair_chunk_keys>(cols, [&](auto KC, index_t j) {
-    weighted_pairs_chunk<KC()>(wp + j * 32, v + j * v_stride, v_stride, dv, oc, j == 0 ? a : nullptr, prefetch);
+    weighted_pairs_chunk<KC()>(pt + j * ld, ld, v + j * v_stride, v_stride, dv, oc,
+                               j == 0 && alpha != nullptr ? alpha_pairs : nullptr, prefetch);
   });
 }
 #endif
