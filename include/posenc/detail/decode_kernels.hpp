@@ -764,7 +764,8 @@ void add_weighted_rows(const T* pt, index_t ld, index_t rows, const KV* v, index
 /// where rows are 4 KiB apart (f32, 8 kv heads of 128), not a tile's 32. Taking the keys of the whole
 /// tile per line instead (16 accumulators across all 32 keys) ran at 0.69-0.75 of the FMA peak on such
 /// rows and 0.79-0.89 with each head's rows adjacent or 64 bytes longer; these chunks at 0.85 in place
-/// and 0.88 adjacent (bench_decode_products, one core of a Zen 5 VM). Decode steps, paired calls against
+/// and 0.88 adjacent (bench_decode_products, one core of a Zen 5 VM; 0.92-0.93 and 0.93-0.94 since
+/// each chunk duplicates its own weights: weighted_pairs_chunk). Decode steps, paired calls against
 /// the whole-tile loop, the same results bitwise (GQA 32/8, d = 128, 4 rows per query head, calls
 /// rotating over 384 MiB of caches): 0.966-0.968 (Lk = 4096, both orders; 0.987 in a run on a slow
 /// machine), 0.966 (32768), 0.961 and 0.998 on 2 threads.
