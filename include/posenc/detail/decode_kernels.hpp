@@ -775,18 +775,17 @@ inline constexpr int weighted_pair_chunk_keys = 8;
 /// p: row 8 i + l / 2, dimension 2 p + l % 2), so that each value pair (v[t], v[t+1]) is broadcast once
 /// (broadcast_pair) for two FMAs against the weights duplicated the same way (duplicate_lanes), and each
 /// value line is read once for all the rows. NPR dimension pairs from dimension t, over the KC keys of
-/// rows vr whose weights are w.
+/// rows vr whose weights are w; the accumulators first multiplied by alpha (duplicated as the weights
+/// are) unless it is null.
 template <int NPR, int KC>
 POSENC_ALWAYS_INLINE void weighted_pairs_group(const __m512 (&w)[KC][2], const float* const (&vr)[KC], index_t t,
-                                               float* oc, const float* alpha, index_t prefetch) {
+                                               float* oc, const __m512* alpha, index_t prefetch) {
   __m512 acc[NPR][2];
   for (int i = 0; i < NPR; ++i)
     for (int g = 0; g < 2; ++g) acc[i][g] = _mm512_loadu_ps(oc + (t / 2 + i) * 32 + g * 16);
   if (alpha != nullptr)
-    for (int g = 0; g < 2; ++g) {
-      const __m512 a = _mm512_loadu_ps(alpha + g * 16);
-      for (int i = 0; i < NPR; ++i) acc[i][g] = _mm512_mul_ps(acc[i][g], a);
-    }
+    for (int g = 0; g < 2; ++g)
+      for (int i = 0; i < NPR; ++i) acc[i][g] = _mm512_mul_ps(acc[i][g], alpha[g]);
   if (prefetch != 0 && starts_line<float>(t))
     for (int j = 0; j < KC; ++j) prefetch_past(vr[j] + t, prefetch);
   for (int j = 0; j < KC; ++j)
@@ -809,8 +808,8 @@ POSENC_ALWAYS_INLINE void duplicate_lanes(const float* x, __m512 (&out)[2]) {
   out[1] = _mm512_permutexvar_ps(hi, p);
 }
 
-/// One chunk of KC keys over the whole width dv, its weights (P^T's rows, row stride ld) duplicated
-/// into registers here: 4 dimension pairs at a time (8 accumulators beside the chunk's 2 KC weight
+/// One chunk of KC keys over the whole width dv, its weights (P^T's rows, row stride ld) and alpha
+/// (16 lanes, or null) duplicated into registers here: 4 dimension pairs at a time (8 accumulators beside the chunk's 2 KC weight
 /// packets), then single pairs. Each accumulator still takes its keys in order, so the sums are the
 /// same as with all the tile's keys at once. Duplicating the weights of the whole tile into a buffer
 /// first, and loading them from it per chunk, held the product at 0.88-0.90 of the FMA peak against
@@ -821,13 +820,15 @@ POSENC_ALWAYS_INLINE void duplicate_lanes(const float* x, __m512 (&out)[2]) {
 template <int KC>
 inline void weighted_pairs_chunk(const float* pt, index_t ld, const float* v, index_t v_stride, index_t dv, float* oc,
                                  const float* alpha, index_t prefetch) {
-  __m512 w[KC][2];
+  __m512 w[KC][2], a[2];
   for (int j = 0; j < KC; ++j) duplicate_lanes(pt + j * ld, w[j]);
+  if (alpha != nullptr) duplicate_lanes(alpha, a);
+  const __m512* ap = alpha != nullptr ? a : nullptr;
   const float* vr[KC];
   key_row_pointers(v, v_stride, vr);
   index_t t = 0;
-  for (; t + 8 <= dv; t += 8) weighted_pairs_group<4>(w, vr, t, oc, alpha, prefetch);
-  for (; t < dv; t += 2) weighted_pairs_group<1>(w, vr, t, oc, alpha, prefetch);
+  for (; t + 8 <= dv; t += 8) weighted_pairs_group<4>(w, vr, t, oc, ap, prefetch);
+  for (; t < dv; t += 2) weighted_pairs_group<1>(w, vr, t, oc, ap, prefetch);
 }
 
 /// O (pair layout, oc [dv / 2 x 32]) = diag(alpha) O + P V from P^T (cols x 16 lanes, row stride ld) and
@@ -835,16 +836,8 @@ inline void weighted_pairs_chunk(const float* pt, index_t ld, const float* v, in
 /// chunk.
 inline void add_weighted_pairs(const float* pt, index_t ld, const float* v, index_t v_stride, index_t cols, index_t dv,
                                float* oc, const float* alpha, index_t prefetch) {
-  alignas(64) float alpha_pairs[32];
-  if (alpha != nullptr) {
-    __m512 a[2];
-    duplicate_lanes(alpha, a);
-    _mm512_store_ps(alpha_pairs, a[0]);
-    _mm512_store_ps(alpha_pairs + 16, a[1]);
-  }
   for_key_blocks<weighted_pair_chunk_keys>(cols, [&](auto KC, index_t j) {
-    weighted_pairs_chunk<KC()>(pt + j * ld, ld, v + j * v_stride, v_stride, dv, oc,
-                               j == 0 && alpha != nullptr ? alpha_pairs : nullptr, prefetch);
+    weighted_pairs_chunk<KC()>(pt + j * ld, ld, v + j * v_stride, v_stride, dv, oc, j == 0 ? alpha : nullptr, prefetch);
   });
 }
 #endif
