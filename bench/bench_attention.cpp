@@ -450,10 +450,13 @@ double fma_seconds(double macs, Eigen::ThreadPool* pool, std::vector<float>& kee
 
 /// A step's multiply-adds fed by the cache itself, with nothing else: K and V read once in address
 /// order, split over the pool's threads, each packet multiplied into F of 16 register-only chains (F
-/// packet FMAs per packet is F multiply-adds per element: 16 for 16 query rows per kv head), each
-/// 64-byte line prefetching into L1 the line 4 KiB further (as cache_reader).
+/// packet FMAs per packet is F multiply-adds per element: 16 for 16 query rows per kv head, 4 for 4),
+/// each 64-byte line prefetching into L1 the line 4 KiB further (as cache_reader). With F < 16 the
+/// packets take the chains in turn (16 / F packets a round), so that no chain's latency sets the pace.
 template <int F>
 struct streamed_fmas {
+  static constexpr int chains = 16, round = F >= chains ? 1 : chains / F;
+  static_assert(F % chains == 0 || chains % F == 0, "the rounds cover the chains evenly");
   std::vector<const std::vector<float>*> x;
   std::vector<float> sums;  // one slot per part
   streamed_fmas(std::vector<const std::vector<float>*> arrays, Eigen::ThreadPool* pool)
@@ -462,19 +465,27 @@ struct streamed_fmas {
     namespace in = Eigen::internal;
     using P = bench_util::fma_packet;
     constexpr std::size_t W = bench_util::fma_lanes, line = 64 / sizeof(float), ahead = 4096 / sizeof(float);
-    P c[16];
+    P c[chains];
     for (P& a : c) a = in::pset1<P>(0.f);
     const P m = in::pset1<P>(0.9999f);
+    // packet i + g of a round feeds chains g F .. g F + F - 1 (modulo 16); g is a compile-time
+    // constant, so that the chains stay in registers
+    const auto packet = [&](const float* p, std::size_t i, auto g) {
+      if (i * W % line == 0) __builtin_prefetch(p + i * W + ahead, 0, 3);
+      const P v = in::ploadu<P>(p + i * W);
+      for (int f = 0; f < F; ++f) c[(g() * F + f) % chains] = in::pmadd(v, m, c[(g() * F + f) % chains]);
+    };
+    const auto one_round = [&]<int... G>(const float* p, std::size_t i, std::integer_sequence<int, G...>) {
+      (packet(p, i + G, std::integral_constant<int, G>{}), ...);
+    };
     for (const auto* a : x) {
       const float* p = a->data();
       const auto [lo, hi] = part_range(a->size() / W, t, parts);
-      for (std::size_t i = lo; i < hi; ++i) {
-        if (i * W % line == 0) __builtin_prefetch(p + i * W + ahead, 0, 3);
-        const P v = in::ploadu<P>(p + i * W);
-        for (int f = 0; f < F; ++f) c[f % 16] = in::pmadd(v, m, c[f % 16]);
-      }
+      std::size_t i = lo;
+      for (; i + round <= hi; i += round) one_round(p, i, std::make_integer_sequence<int, round>{});
+      for (; i < hi; ++i) packet(p, i, std::integral_constant<int, 0>{});
     }
-    for (int i = 1; i < 16; ++i) c[0] = in::padd(c[0], c[i]);
+    for (int i = 1; i < chains; ++i) c[0] = in::padd(c[0], c[i]);
     sums[static_cast<std::size_t>(t)] = in::predux(c[0]);
     benchmark::DoNotOptimize(sums.data());
   }
@@ -532,19 +543,47 @@ void decode_limits(benchmark::State& state) {
 //   at_read             time(step, 1 thread) / time(reader, 2 threads): the same with the 2-thread step
 //                       reading the cache as fast as the reader does on 2 threads; a 2-thread step
 //                       cannot beat it by much without reading faster than a plain read
+// With an f32 cache and 1 row, each iteration also runs on 1 and on 2 threads the step's own
+// multiply-adds (4 per element of K and V: a group of 4 query rows per kv head) fed by the cache read
+// once in address order (streamed_fmas), the least a step must do with what it reads:
+//   stream_of_triad, stream_two_of_triad  their rate against the triad's on as many threads: the
+//                       share of the triad's rate the step's reads and arithmetic reach on this core
+//                       when they have nothing else to do
+//   one_of_stream, two_of_stream  the step's rate against theirs on as many threads
 template <class KV>
 void decode_threads(benchmark::State& state) {
+  using X = decode_operands<KV>;
   const Index rows = state.range(0), Lk = state.range(1);
-  decode_operands<KV> x(rows, Lk);
+  X x(rows, Lk);
   const auto pool = make_pool(2);
   triad_arrays triad(static_cast<std::size_t>(x.kv_bytes()));
   cache_reader<KV> reader({&x.k.data, &x.v.data}, pool.get());
-  const auto sec = run_turns(
-      state,
-      {timed_step(x.q, rows, x.k, x.v, x.out, nullptr), timed_step(x.q, rows, x.k, x.v, x.out, pool.get()),
-       [&] { return run_parts(nullptr, std::ref(triad)); }, [&] { return run_parts(pool.get(), std::ref(triad)); },
-       [&] { return run_parts(nullptr, std::ref(reader)); }, [&] { return run_parts(pool.get(), std::ref(reader)); }});
+  std::vector<std::function<double()>> runs{
+      timed_step(x.q, rows, x.k, x.v, x.out, nullptr), timed_step(x.q, rows, x.k, x.v, x.out, pool.get()),
+      [&] { return run_parts(nullptr, std::ref(triad)); }, [&] { return run_parts(pool.get(), std::ref(triad)); },
+      [&] { return run_parts(nullptr, std::ref(reader)); }, [&] { return run_parts(pool.get(), std::ref(reader)); }};
+  const bool streams = std::is_same_v<KV, float> && rows == 1;
+  using streamed = streamed_fmas<X::H / X::Hkv>;
+  std::unique_ptr<streamed> one, two;  // for one thread and for the pool's parts
+  if constexpr (std::is_same_v<KV, float>) {
+    if (streams) {
+      const std::vector<const std::vector<float>*> kv_arrays{&x.k.data, &x.v.data};
+      one = std::make_unique<streamed>(kv_arrays, nullptr);
+      two = std::make_unique<streamed>(kv_arrays, pool.get());
+      runs.emplace_back([&] { return run_parts(nullptr, std::ref(*one)); });
+      runs.emplace_back([&] { return run_parts(pool.get(), std::ref(*two)); });
+    }
+  }
+  const auto sec = run_turns(state, runs);
   const double kv = x.kv_bytes(), rb = static_cast<double>(reader.bytes());
+  if (streams) {
+    state.counters["stream_of_triad"] =
+        median_over(sec, [&](const auto& s) { return triad.seconds_for(kv, s[2]) / s[6]; });
+    state.counters["stream_two_of_triad"] =
+        median_over(sec, [&](const auto& s) { return triad.seconds_for(kv, s[3]) / s[7]; });
+    state.counters["one_of_stream"] = median_over(sec, [](const auto& s) { return s[6] / s[0]; });
+    state.counters["two_of_stream"] = median_over(sec, [](const auto& s) { return s[7] / s[1]; });
+  }
   state.counters["two_over_one"] = median_over(sec, [](const auto& s) { return s[0] / s[1]; });
   state.counters["triad_two_over_one"] = median_over(sec, [](const auto& s) { return s[2] / s[3]; });
   state.counters["read_two_over_one"] = median_over(sec, [](const auto& s) { return s[4] / s[5]; });
