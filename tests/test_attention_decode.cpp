@@ -26,7 +26,7 @@ std::vector<config> with_path(std::vector<config> cs, posenc::attention_path pat
 }
 
 // Decode shapes: a few query rows per kv head against caches that span several split-KV segments
-// (1024 keys) and tiles (32 keys), with every mask and position option, head dims that are not a
+// (beyond 1024 keys: detail::decode_segments) and tiles (32 keys), with every mask and position option, head dims that are not a
 // whole number of packets, value dims unlike the key dims, and groups of 1 to 32 rows per kv head
 // (whole 4-row blocks and every remainder).
 std::vector<config> decode_configs() {
@@ -212,9 +212,40 @@ TEST_CASE("attention, decode path: an encoding with value terms cannot be forced
 }
 
 // In the cases split, columns and uneven the kv heads of a (batch, segment) item are cut into parts
-// (decode_attention::head_chunks), 8 kv heads of 8 MiB per segment in float and 16 in double: one
-// segment (2 parts on 2 threads, 2 / 4 on 8), and 3 segments (2 parts on 2 threads: 6 items), in the
-// column layout (16 rows per kv head) and the row layout.
+// (decode_attention::head_chunks), 8 kv heads of 8-10 MiB per segment in float and twice that in
+// double: one segment (2 parts on 2 threads, 2 / 4 on 8), and two segments (whole on 2 threads, 2 or 4
+// parts each on 8), in the column layout (16 rows per kv head) and the row layout.
+// The split-KV segments: one up to 1024 keys, then an even number of segments of whole tiles, equal to
+// a tile, about 2048 keys each (the count a function of the cache length alone).
+TEST_CASE("attention, decode path: split-KV segments of a cache length", "[kernel][decode]") {
+  using posenc::detail::decode_segments;
+  using posenc::detail::decode_tile_keys;
+  using posenc::detail::segment_tiles;
+  CHECK(decode_segments(0) == 1);
+  CHECK(decode_segments(1024) == 1);
+  CHECK(decode_segments(1025) == 2);
+  CHECK(decode_segments(6143) == 2);
+  CHECK(decode_segments(6144) == 4);
+  CHECK(decode_segments(32768) == 16);
+  for (Index k_len = 1025; k_len <= 70000; k_len += 97) {
+    const Index segments = decode_segments(k_len), tiles = (k_len + decode_tile_keys - 1) / decode_tile_keys;
+    INFO("k_len " << k_len << ", " << segments << " segments");
+    CHECK(segments % 2 == 0);
+    Index next = 0, least = tiles, most = 0;
+    for (Index s = 0; s < segments; ++s) {
+      const segment_tiles t(s, segments, tiles);
+      CHECK(t.first == next);
+      least = std::min(least, t.end - t.first);
+      most = std::max(most, t.end - t.first);
+      next = t.end;
+    }
+    CHECK(next == tiles);
+    CHECK(most - least <= 1);
+    CHECK(least * decode_tile_keys >= 512);
+    if (k_len >= 6144) CHECK(most * decode_tile_keys <= 3072 + decode_tile_keys);
+  }
+}
+
 TEST_CASE("attention, decode path: bitwise identical for 1, 2 and 8 threads (fixed split-KV segments)",
           "[kernel][decode]") {
   Eigen::ThreadPool two(2), eight(8);

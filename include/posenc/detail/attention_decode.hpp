@@ -5,8 +5,8 @@
 // many query rows reuse it; a decode step has one row per query head, so packing would double the
 // bytes the step moves. Here:
 //   scheduling     the queries of one (batch, kv head) — its group of query heads, all their rows — form
-//                  one small matrix of G = group x q_len rows; the keys are cut into segments of
-//                  decode_segment_keys, and each (batch, segment) is a work item for every kv head
+//                  one small matrix of G = group x q_len rows; the keys are cut into segments
+//                  (decode_segments), and each (batch, segment) is a work item for every kv head
 //                  (split-KV, Flash-Decoding), cut into parts of the kv heads when there are fewer
 //                  items than threads or they split unevenly (head_chunks). Segments depend only on
 //                  k_len, never on the thread count, and the partial results are merged in segment
@@ -66,14 +66,38 @@ namespace posenc::detail {
 /// with 4 tokens 0.72 / 0.95.
 inline constexpr index_t decode_max_rows = 32;
 inline constexpr index_t decode_max_queries_any_group = 2;
-/// Keys per split-KV segment: a fixed size, so the split (and the result) does not depend on the
-/// number of threads; 1024 keys give 2 threads 8+ items per kv head at Lk = 4096 while the merge
-/// costs one [G x dv] pass per segment (docs/performance.md › Decode).
+/// The longest cache that is one split-KV segment; decode_segments cuts a longer one.
 inline constexpr index_t decode_segment_keys = 1024;
+/// The keys of a longer cache per pair of segments, about: decode_segments.
+inline constexpr index_t decode_segment_pair_keys = 4096;
 /// Keys per tile. Measured (f32 cache, 1 row, GQA 32/8, d = 128, Lk = 4096, one core): 16 keys 1.64 ms,
 /// 32 keys 1.54 ms, 64 keys 6.3 ms: a tile's key rows of one kv head are 2-4 KiB apart (BSHD) and
 /// share L1 sets, and 64 of them evict the queries and scores the tile keeps rereading.
 inline constexpr index_t decode_tile_keys = 32;
+
+/// Split-KV segments of a cache of k_len keys: one up to decode_segment_keys, else an even number of
+/// equal segments (segment_tiles) of about 2048 keys, at least 2. They depend on k_len alone,
+/// never on the number of threads, so the result does not either. Every segment restarts the running
+/// max (its first tiles rescale the accumulators) and costs its queries, accumulators and merge; an
+/// even count of equal segments splits evenly over 2 threads without cutting the kv heads (the
+/// halves of every token's row, head_chunks). Paired calls against fixed segments of 1024 keys (1
+/// row, GQA 32/8, d = 128, Zen 5 VM, calls rotating over 384 MiB of caches, medians of per-call
+/// ratios): one thread f32 Lk = 1536 to 32768 0.96-0.99, f16 Lk = 4096 / 32768 0.96 / 0.97, 4 rows
+/// 0.98-0.99; two threads Lk = 1536 0.91, 3072 0.89-0.90, 4096 to 32768 0.96-1.00 (4 rows at 4096
+/// 1.00, f16 0.96). Segments of 2048 keys and a last shorter one left a thread idle at Lk = 3072 (1.18),
+/// and 3 equal segments at Lk = 6144, shared by cutting the kv heads in 2, 1.17.
+constexpr index_t decode_segments(index_t k_len) {
+  if (k_len <= decode_segment_keys) return 1;
+  return std::max<index_t>(2, 2 * ((k_len + decode_segment_pair_keys / 2) / decode_segment_pair_keys));
+}
+
+/// The tiles [first, end) of segment `seg` of `segments` over `tiles` tiles: equal to a tile.
+struct segment_tiles {
+  index_t first, end;
+  segment_tiles(index_t seg, index_t segments, index_t tiles)
+      : first(seg * tiles / segments), end((seg + 1) * tiles / segments) {}
+};
+
 /// K/V bytes below which the kv heads of a (batch, segment) work item are not cut into parts for more
 /// threads (decode_attention::head_chunks). GQA 32/8, d = 128, 2 threads, calls rotating over 6-16
 /// layers' caches (Zen 5 VM, paired, time against whole items): f32 (8 MiB items, two parts) 1 row
@@ -122,7 +146,7 @@ class decode_attention {
         sinks_(std::move(sinks)), heads_(q.heads()),
         kv_heads_(k.heads()), group_(q.heads() / k.heads()), q_len_(q.seq()), rows_(group_ * q.seq()),
         dim_(q.dim()), vdim_(v.dim()),
-        segments_(masks.k_len == 0 ? 1 : (masks.k_len + decode_segment_keys - 1) / decode_segment_keys),
+        segments_(decode_segments(masks.k_len)),
         tiles_(summarize_key_blocks(masks, decode_tile_keys)),
         tiles_per_row_(masks.k_len == 0 ? 0 : (masks.k_len + decode_tile_keys - 1) / decode_tile_keys) {
     for (index_t b = 0; b < masks.batch; ++b) {
@@ -163,14 +187,15 @@ class decode_attention {
  private:
   /// Parts the kv heads of each (batch, segment) are cut into, one work item each: the fewest that bring
   /// the rounds of items within 10 % of an even split over the threads (a single segment, Lk <= 1024,
-  /// on 2 threads: 2 items; 3 segments: 6), with no part under decode_split_min_bytes. A head's
+  /// on 2 threads: 2 items; 3 segments, as 3 threads on 2 segments, would make 6), with no part under
+  /// decode_split_min_bytes. A head's
   /// arithmetic does not depend on the item that runs it, so this may follow the thread count: results
   /// stay bitwise the same.
   [[nodiscard]] index_t head_chunks(index_t threads) const {
     if (threads <= 1) return 1;
     const index_t n = masks_.batch * segments_;
     const index_t item_bytes =
-        std::min(masks_.k_len, decode_segment_keys) * kv_heads_ * (dim_ + vdim_) * static_cast<index_t>(sizeof(KV));
+        (masks_.k_len + segments_ - 1) / segments_ * kv_heads_ * (dim_ + vdim_) * static_cast<index_t>(sizeof(KV));
     const index_t most = std::clamp<index_t>(item_bytes / decode_split_min_bytes, 1, kv_heads_);
     for (index_t c = 1; c < most; ++c) {
       const index_t items = n * c, rounds = (items + threads - 1) / threads;
@@ -185,8 +210,8 @@ class decode_attention {
   /// head (rows 4 KiB apart) ran at 16.7 GB/s, in address order at 27 GB/s.
   void run_segment(index_t b, index_t seg, decode_scratch<T>& sc) {
     const index_t G = rows_;
-    const index_t t0 = seg * decode_segment_keys / decode_tile_keys;
-    const index_t t1 = std::min(tiles_per_row_, (seg + 1) * decode_segment_keys / decode_tile_keys);
+    const segment_tiles tiles(seg, segments_, tiles_per_row_);
+    const index_t t0 = tiles.first, t1 = tiles.end;
     const index_t first = first_seen_tile(b, t0, t1);
     if (first == t1) return leave_unseen(b, seg, sc);
     // the group's query positions (row g * q_len + i: query i), the same for every kv head
