@@ -26,9 +26,9 @@ std::vector<config> with_path(std::vector<config> cs, posenc::attention_path pat
 }
 
 // Decode shapes: a few query rows per kv head against caches that span several split-KV segments
-// (beyond 1024 keys: detail::decode_segments) and tiles (32 keys), with every mask and position option, head dims that are not a
-// whole number of packets, value dims unlike the key dims, and groups of 1 to 32 rows per kv head
-// (whole 4-row blocks and every remainder).
+// (beyond 1024 keys: detail::decode_segments) and tiles (32 keys), with every mask and position
+// option, head dims that are not a whole number of packets, value dims unlike the key dims, and
+// groups of 1 to 32 rows per kv head (whole 4-row blocks and every remainder).
 std::vector<config> decode_configs() {
   std::vector<config> out;
   auto add = [&](Index sq, Index sk, Index h, Index hkv, Index d, Index dv, layout order, bool causal, padding pad,
@@ -211,10 +211,6 @@ TEST_CASE("attention, decode path: an encoding with value terms cannot be forced
   check_both(c, enc, value_reference(problem(c), enc));
 }
 
-// In the cases split, columns and uneven the kv heads of a (batch, segment) item are cut into parts
-// (decode_attention::head_chunks), 8 kv heads of 8-10 MiB per segment in float and twice that in
-// double: one segment (2 parts on 2 threads, 2 / 4 on 8), and two segments (whole on 2 threads, 2 or 4
-// parts each on 8), in the column layout (16 rows per kv head) and the row layout.
 // The split-KV segments: one up to 1024 keys, then an even number of segments of whole tiles, equal to
 // a tile, about 2048 keys each (the count a function of the cache length alone).
 TEST_CASE("attention, decode path: split-KV segments of a cache length", "[kernel][decode]") {
@@ -246,6 +242,10 @@ TEST_CASE("attention, decode path: split-KV segments of a cache length", "[kerne
   }
 }
 
+// In the cases split, columns and uneven the kv heads of a (batch, segment) item are cut into parts
+// (decode_attention::head_chunks), 8 kv heads of 8-10 MiB per segment in float and twice that in
+// double: one segment (2 parts on 2 threads, 2 / 4 on 8), and two segments (whole on 2 threads, 2 or 4
+// parts each on 8), in the column layout (16 rows per kv head) and the row layout.
 TEST_CASE("attention, decode path: bitwise identical for 1, 2 and 8 threads (fixed split-KV segments)",
           "[kernel][decode]") {
   Eigen::ThreadPool two(2), eight(8);

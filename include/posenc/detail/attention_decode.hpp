@@ -187,10 +187,9 @@ class decode_attention {
  private:
   /// Parts the kv heads of each (batch, segment) are cut into, one work item each: the fewest that bring
   /// the rounds of items within 10 % of an even split over the threads (a single segment, Lk <= 1024,
-  /// on 2 threads: 2 items; 3 segments, as 3 threads on 2 segments, would make 6), with no part under
-  /// decode_split_min_bytes. A head's
-  /// arithmetic does not depend on the item that runs it, so this may follow the thread count: results
-  /// stay bitwise the same.
+  /// on 2 threads: 2 items; 2 segments on 8 threads: 4 or 8), with no part under decode_split_min_bytes.
+  /// A head's arithmetic does not depend on the item that runs it, so this may follow the thread count:
+  /// results stay bitwise the same.
   [[nodiscard]] index_t head_chunks(index_t threads) const {
     if (threads <= 1) return 1;
     const index_t n = masks_.batch * segments_;
