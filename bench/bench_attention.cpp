@@ -562,11 +562,10 @@ void decode_threads(benchmark::State& state) {
       timed_step(x.q, rows, x.k, x.v, x.out, nullptr), timed_step(x.q, rows, x.k, x.v, x.out, pool.get()),
       [&] { return run_parts(nullptr, std::ref(triad)); }, [&] { return run_parts(pool.get(), std::ref(triad)); },
       [&] { return run_parts(nullptr, std::ref(reader)); }, [&] { return run_parts(pool.get(), std::ref(reader)); }};
-  const bool streams = std::is_same_v<KV, float> && rows == 1;
   using streamed = streamed_fmas<X::H / X::Hkv>;
-  std::unique_ptr<streamed> one, two;  // for one thread and for the pool's parts
+  std::unique_ptr<streamed> one, two;  // for one thread and for the pool's parts; f32, 1 row only
   if constexpr (std::is_same_v<KV, float>) {
-    if (streams) {
+    if (rows == 1) {
       const std::vector<const std::vector<float>*> kv_arrays{&x.k.data, &x.v.data};
       one = std::make_unique<streamed>(kv_arrays, nullptr);
       two = std::make_unique<streamed>(kv_arrays, pool.get());
@@ -576,7 +575,7 @@ void decode_threads(benchmark::State& state) {
   }
   const auto sec = run_turns(state, runs);
   const double kv = x.kv_bytes(), rb = static_cast<double>(reader.bytes());
-  if (streams) {
+  if (one != nullptr) {
     state.counters["stream_of_triad"] =
         median_over(sec, [&](const auto& s) { return triad.seconds_for(kv, s[2]) / s[6]; });
     state.counters["stream_two_of_triad"] =

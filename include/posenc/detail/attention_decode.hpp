@@ -68,15 +68,15 @@ inline constexpr index_t decode_max_rows = 32;
 inline constexpr index_t decode_max_queries_any_group = 2;
 /// The longest cache that is one split-KV segment; decode_segments cuts a longer one.
 inline constexpr index_t decode_segment_keys = 1024;
-/// The keys of a longer cache per pair of segments, about: decode_segments.
-inline constexpr index_t decode_segment_pair_keys = 4096;
+/// Keys per segment, about, when decode_segments cuts a longer cache.
+inline constexpr index_t decode_segment_target_keys = 2048;
 /// Keys per tile. Measured (f32 cache, 1 row, GQA 32/8, d = 128, Lk = 4096, one core): 16 keys 1.64 ms,
 /// 32 keys 1.54 ms, 64 keys 6.3 ms: a tile's key rows of one kv head are 2-4 KiB apart (BSHD) and
 /// share L1 sets, and 64 of them evict the queries and scores the tile keeps rereading.
 inline constexpr index_t decode_tile_keys = 32;
 
 /// Split-KV segments of a cache of k_len keys: one up to decode_segment_keys, else an even number of
-/// equal segments (segment_tiles) of about 2048 keys, at least 2. They depend on k_len alone,
+/// equal segments (segment_tiles) of about decode_segment_target_keys, at least 2. They depend on k_len alone,
 /// never on the number of threads, so the result does not either. Every segment restarts the running
 /// max (its first tiles rescale the accumulators) and costs its queries, accumulators and merge; an
 /// even count of equal segments splits evenly over 2 threads without cutting the kv heads (the
@@ -88,7 +88,8 @@ inline constexpr index_t decode_tile_keys = 32;
 /// and 3 equal segments at Lk = 6144, shared by cutting the kv heads in 2, 1.17.
 constexpr index_t decode_segments(index_t k_len) {
   if (k_len <= decode_segment_keys) return 1;
-  return std::max<index_t>(2, 2 * ((k_len + decode_segment_pair_keys / 2) / decode_segment_pair_keys));
+  constexpr index_t pair = 2 * decode_segment_target_keys;
+  return std::max<index_t>(2, 2 * ((k_len + pair / 2) / pair));
 }
 
 /// The tiles [first, end) of segment `seg` of `segments` over `tiles` tiles: equal to a tile.

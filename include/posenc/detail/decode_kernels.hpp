@@ -809,8 +809,8 @@ POSENC_ALWAYS_INLINE void duplicate_lanes(const float* x, __m512 (&out)[2]) {
 }
 
 /// One chunk of KC keys over the whole width dv, its weights (P^T's rows, row stride ld) and alpha
-/// (16 lanes, or null) duplicated into registers here: 4 dimension pairs at a time (8 accumulators beside the chunk's 2 KC weight
-/// packets), then single pairs. Each accumulator still takes its keys in order, so the sums are the
+/// (16 lanes, or null) duplicated into registers here: 4 dimension pairs at a time (8 accumulators
+/// beside the chunk's 2 KC weight packets), then single pairs. Each accumulator still takes its keys in order, so the sums are the
 /// same as with all the tile's keys at once. Duplicating the weights of the whole tile into a buffer
 /// first, and loading them from it per chunk, held the product at 0.88-0.90 of the FMA peak against
 /// 0.92-0.94 (bench_decode_products, one core of a Zen 5 VM, the two builds in turn); decode steps,
