@@ -23,14 +23,16 @@
 //                  into L2: with_sweep_locality), one head's rows in turn 8 KiB ahead
 //                  (decode_stream_prefetch_bytes); prefetching the next tile in a burst
 //                  measured slower (f32, 1 row: 1.65 -> 2.0 ms).
-//   tile math      S = scale Q K^T, the encoding's score terms and bias per query head, masks, online
-//                  softmax, O += P V; per segment (O, m, l) are kept and merged exactly at the end (the
-//                  log-sum-exp merge of attention.hpp's merge). Up to 4 rows per kv head (half keys
-//                  read in place: 8 with AVX-512, 16 with AVX2, column_min_rows) the scores are rows
-//                  (row_dots, add_weighted); for more, columns (column_dots, the softmax down the columns,
-//                  add_weighted_rows), where each K and V value comes from memory once for all the
-//                  rows (decode_kernels.hpp); past two packets of rows (a token of a wide MQA
-//                  group) rows again, in 4-row blocks (stage_stored_rows).
+//   tile math      per tile of 32 keys (64 where both its keys and values are read across the kv
+//                  heads: decode_swept_tile_keys) S = scale Q K^T, the encoding's score terms and bias
+//                  per query head, masks, online softmax, O += P V; per segment (O, m, l) are kept
+//                  and merged exactly at the end (the log-sum-exp merge of attention.hpp's merge).
+//                  Up to 4 rows per kv head (half keys read in place: 8 with AVX-512, 16 with AVX2,
+//                  column_min_rows) the scores are rows (row_dots, add_weighted); for more, columns
+//                  (column_dots, the softmax down the columns, add_weighted_rows), where each K and
+//                  V value comes from memory once for all the rows (decode_kernels.hpp); past two
+//                  packets of rows (a token of a wide MQA group) rows again, in 4-row blocks
+//                  (stage_stored_rows).
 #pragma once
 
 #include <algorithm>
@@ -74,6 +76,16 @@ inline constexpr index_t decode_segment_target_keys = 2048;
 /// 32 keys 1.54 ms, 64 keys 6.3 ms: a tile's key rows of one kv head are 2-4 KiB apart (BSHD) and
 /// share L1 sets, and 64 of them evict the queries and scores the tile keeps rereading.
 inline constexpr index_t decode_tile_keys = 32;
+/// Keys per tile when the row layout reads both a tile's keys and its values across the kv heads, a few
+/// keys at a time in address order (values_swept: f32, at most 4 rows per kv head): a head's rows are
+/// then read a few at a time, never a whole tile's in turn, so a longer tile does not crowd L1 sets,
+/// and each softmax step (the row maxima and sums reduced, the checks, alpha) and each tile's dispatch
+/// serve twice the keys. Paired calls against 32 keys (1 row, GQA 32/8, d = 128, Zen 5 VM, calls
+/// rotating over 384 MiB of caches, medians of per-call ratios): one thread Lk = 1024 0.96, 4096
+/// 0.97-0.98, 32768 0.95-0.97; two threads 0.98-0.99; AVX2 build 0.99-1.00; 128 keys against 64
+/// 0.99-1.00. Where a tile is read head by head it stays at 32: f16 1 row with 64 keys took 1.05-1.27x
+/// the time, f32 4 rows (column layout) 1.02-1.05x.
+inline constexpr index_t decode_swept_tile_keys = 64;
 
 /// Split-KV segments of a cache of k_len keys: one up to decode_segment_keys, else an even number of
 /// equal segments (segment_tiles) of about decode_segment_target_keys, at least 2. They depend on k_len alone,
@@ -148,8 +160,9 @@ class decode_attention {
         kv_heads_(k.heads()), group_(q.heads() / k.heads()), q_len_(q.seq()), rows_(group_ * q.seq()),
         dim_(q.dim()), vdim_(v.dim()),
         segments_(decode_segments(masks.k_len)),
-        tiles_(summarize_key_blocks(masks, decode_tile_keys)),
-        tiles_per_row_(masks.k_len == 0 ? 0 : (masks.k_len + decode_tile_keys - 1) / decode_tile_keys) {
+        tile_keys_(values_swept() ? decode_swept_tile_keys : decode_tile_keys),
+        tiles_(summarize_key_blocks(masks, tile_keys_)),
+        tiles_per_row_(masks.k_len == 0 ? 0 : (masks.k_len + tile_keys_ - 1) / tile_keys_) {
     for (index_t b = 0; b < masks.batch; ++b) {
       std::int64_t lo = 0, hi = 0;  // 0, 0 for no queries
       position_range(masks.qp(b), q_len_, lo, hi);
@@ -288,7 +301,7 @@ class decode_attention {
   [[nodiscard]] index_t near_rows(index_t dim) const {
     if (!heads_outer()) return decode_sweep_prefetch_rows;
     return std::clamp<index_t>(decode_stream_prefetch_bytes / (dim * static_cast<index_t>(sizeof(KV))), 1,
-                               decode_tile_keys);
+                               tile_keys_);
   }
 
   /// The parts of a segment no query sees a key of (outside a sliding window, or all padding), as a
@@ -776,6 +789,10 @@ class decode_attention {
   T scale_, softcap_;
   std::vector<T> sinks_;
   index_t heads_, kv_heads_, group_, q_len_, rows_, dim_, vdim_, segments_;
+  /// Keys per tile: decode_swept_tile_keys or decode_tile_keys (always the latter in the column layout,
+  /// whose prefetch distances count tiles of decode_tile_keys: column_prefetch). Set from the members
+  /// above it, which values_swept reads.
+  index_t tile_keys_;
   std::vector<key_block> tiles_;
   index_t tiles_per_row_;
   std::vector<std::int64_t> q_min_, q_max_;
