@@ -285,8 +285,8 @@ TEST_CASE("sliding window: prefill, decode chunks, tiles and GQA against the ref
   }
 }
 
-// The decode strategy cuts the keys into segments of 1024 (detail/attention_decode.hpp); a window
-// short of a long cache leaves whole segments before it unseen, which the step passes over.
+// The decode strategy cuts these 3000 keys into two segments (detail::decode_segments); a window
+// shorter than the second (W up to 1100 here) leaves the first unseen, which the step passes over.
 TEST_CASE("sliding window: decode steps on 3000 keys, segments before the window unseen", "[kernel]") {
   dcase c;
   c.Sk = 3000;
