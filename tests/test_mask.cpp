@@ -927,10 +927,12 @@ TEST_CASE("decoder options: invalid values throw posenc::error before anything i
 // vectorizable loops; here against the per-key formulas (FORMAT.md 3: a key is padding when
 // key_padding_mask != 0, attention_mask == 0 or j >= kv_lengths[b]), over lengths around the vector
 // widths and blocks, every option alone and together, and positions ascending with gaps and repeats,
-// shuffled, or descending.
+// shuffled, or descending. Each set is also resolved into one call_masks kept across the loop, as
+// attention reuses its thread's (resolve_masks_into): nothing of the set before may remain.
 TEST_CASE("resolve_masks and summarize_key_blocks: every key and block against the per-key formulas", "[kernel]") {
   std::mt19937 rng(11);
   enum class order { offset, gaps, shuffled, descending };
+  posenc::detail::call_masks reused;
   for (const Index B : {1, 3})
     for (const Index Sk : {0, 1, 7, 31, 32, 33, 64, 100, 1000})
       for (const order ord : {order::offset, order::gaps, order::shuffled, order::descending})
@@ -989,6 +991,11 @@ TEST_CASE("resolve_masks and summarize_key_blocks: every key and block against t
           CHECK(m.q_max == q_hi);
           CHECK(m.k_min == k_lo);
           CHECK(m.k_max == k_hi);
+          posenc::detail::resolve_masks_into(reused, opt, B, Sq, Sk);
+          CHECK((reused.batch == B && reused.q_len == Sq && reused.k_len == Sk && reused.k_first == 0));
+          CHECK((reused.causal == m.causal && reused.window == m.window));
+          CHECK((reused.q_pos == m.q_pos && reused.k_pos == m.k_pos && reused.k_valid == m.k_valid));
+          CHECK((reused.q_min == q_lo && reused.q_max == q_hi && reused.k_min == k_lo && reused.k_max == k_hi));
           for (const Index block : {1, 7, 32, 64}) {
             const auto blocks = posenc::detail::summarize_key_blocks(m, block);
             const Index nkb = (Sk + block - 1) / block;

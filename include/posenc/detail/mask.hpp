@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "posenc/detail/platform.hpp"
@@ -116,11 +117,14 @@ struct call_masks {
   return std::max(end, k_first + 1);
 }
 
-/// Validate the mask/position options against the shapes and resolve them (throws posenc::error).
-/// `leave_unseen`: the call holds only the keys from leading_keys_unseen up to keys_seen_end
-/// (call_masks::k_first, k_len); the caller views k and v as that range.
-inline call_masks resolve_masks(const attention_options& opt, index_t batch, index_t q_len, index_t k_len,
-                                bool leave_unseen = false) {
+/// Validate the mask/position options against the shapes and resolve them into m (throws posenc::error
+/// before m is touched). m's arrays keep their storage: attention passes a call_masks its thread keeps
+/// between calls (thread_scratch), so a decode step does not fault fresh pages in for its 8 bytes a key
+/// every call (resolve_masks gives a new one). `leave_unseen`: the call holds only the keys from
+/// leading_keys_unseen up to keys_seen_end (call_masks::k_first, k_len); the caller views k and v as
+/// that range.
+inline void resolve_masks_into(call_masks& m, const attention_options& opt, index_t batch, index_t q_len,
+                               index_t k_len, bool leave_unseen = false) {
   if (opt.q_positions) {
     require(opt.q_positions->dimension(0) == batch && opt.q_positions->dimension(1) == q_len, "q_positions",
             "must be [batch, q_len]", "[", opt.q_positions->dimension(0), ", ", opt.q_positions->dimension(1),
@@ -157,7 +161,14 @@ inline call_masks resolve_masks(const attention_options& opt, index_t batch, ind
               opt.kv_lengths[b], " at batch ", b, ", k_len ", k_len);
   }
 
-  call_masks m;
+  {  // a fresh call_masks but for the arrays' storage
+    auto q_pos = std::move(m.q_pos), k_pos = std::move(m.k_pos);
+    auto k_valid = std::move(m.k_valid);
+    m = call_masks{};
+    m.q_pos = std::move(q_pos);
+    m.k_pos = std::move(k_pos);
+    m.k_valid = std::move(k_valid);
+  }
   m.batch = batch;
   m.q_len = q_len;
   m.causal = opt.causal;
@@ -202,6 +213,13 @@ inline call_masks resolve_masks(const attention_options& opt, index_t batch, ind
                 static_cast<unsigned char>(0));
   }
   position_range(m.k_pos.data(), batch * nk, m.k_min, m.k_max);
+}
+
+/// resolve_masks_into a new call_masks.
+inline call_masks resolve_masks(const attention_options& opt, index_t batch, index_t q_len, index_t k_len,
+                                bool leave_unseen = false) {
+  call_masks m;
+  resolve_masks_into(m, opt, batch, q_len, k_len, leave_unseen);
   return m;
 }
 
