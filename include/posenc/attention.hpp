@@ -198,7 +198,7 @@ void attention_impl(heads_view<const T> q, heads_view<const KV> k, heads_view<co
   // Keys no query can see by index or padding are left out of the call: before every query's window
   // (leading_keys_unseen), after every query or past every row's padding (keys_seen_end). Both paths
   // then see only the caller's keys masks.k_first .. masks.k_first + masks.k_len - 1.
-  thread_scratch<call_masks> held_masks;  // arrays of 8 bytes a key, kept by the thread between calls
+  thread_scratch<call_masks> held_masks;  // positions and validity, 9 bytes a key, kept between calls
   resolve_masks_into(held_masks.get(), opt, B, Sq, Sk, true);
   const call_masks& masks = held_masks.get();
   if (masks.k_first > 0 || masks.k_len < Sk) {

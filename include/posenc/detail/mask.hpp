@@ -119,10 +119,10 @@ struct call_masks {
 
 /// Validate the mask/position options against the shapes and resolve them into m (throws posenc::error
 /// before m is touched). m's arrays keep their storage: attention passes a call_masks its thread keeps
-/// between calls (thread_scratch), so a decode step does not fault fresh pages in for its 8 bytes a key
+/// between calls (thread_scratch), so a decode step does not fault fresh pages in for its 9 bytes a key
 /// every call (resolve_masks gives a new one). `leave_unseen`: the call holds only the keys from
-/// leading_keys_unseen up to keys_seen_end (call_masks::k_first, k_len); the caller views k and v as
-/// that range.
+/// leading_keys_unseen up to keys_seen_end (call_masks::k_first, k_len); the caller views k and v as that
+/// range.
 inline void resolve_masks_into(call_masks& m, const attention_options& opt, index_t batch, index_t q_len,
                                index_t k_len, bool leave_unseen = false) {
   if (opt.q_positions) {
