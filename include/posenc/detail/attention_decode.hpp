@@ -496,9 +496,10 @@ class decode_attention {
   }
 
   /// Prefetches the tile's first chunk of values (decode_value_chunk_keys rows of the item's kv heads)
-  /// into L1 or L2 (with_sweep_locality), between the scores and the softmax steps: each chunk of the
-  /// sweep prefetches the next, and nothing fetched the first, so the memory idled during the softmax
-  /// and the sweep began with a chunk from DRAM. 1 row, GQA 32/8, d = 128, Zen 5 VM, paired calls
+  /// into L1 or L2 (with_sweep_locality), between the scores and the softmax steps. Each chunk of the
+  /// sweep prefetches the next, so the first was prefetched by the previous tile's last chunk, and the
+  /// tile's keys (256 KiB with f32, 8 kv heads of 128) pushed it out of L1 before it was read; fetched
+  /// again here, it arrives while the softmax runs. 1 row, GQA 32/8, d = 128, Zen 5 VM, paired calls
   /// (both orders, calls rotating over 384 MiB of caches): 0.97-1.00 of the time without it, median
   /// 0.99, at Lk = 4096 and 32768 on 1 and 2 threads; the first two chunks 1.00, and two more into L2
   /// besides 1.015-1.017.
