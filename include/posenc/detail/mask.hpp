@@ -161,14 +161,8 @@ inline void resolve_masks_into(call_masks& m, const attention_options& opt, inde
               opt.kv_lengths[b], " at batch ", b, ", k_len ", k_len);
   }
 
-  {  // a fresh call_masks but for the arrays' storage
-    auto q_pos = std::move(m.q_pos), k_pos = std::move(m.k_pos);
-    auto k_valid = std::move(m.k_valid);
-    m = call_masks{};
-    m.q_pos = std::move(q_pos);
-    m.k_pos = std::move(k_pos);
-    m.k_valid = std::move(k_valid);
-  }
+  // a fresh call_masks but for the arrays' storage
+  m = call_masks{.q_pos = std::move(m.q_pos), .k_pos = std::move(m.k_pos), .k_valid = std::move(m.k_valid)};
   m.batch = batch;
   m.q_len = q_len;
   m.causal = opt.causal;
