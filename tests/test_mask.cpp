@@ -710,6 +710,18 @@ TEST_CASE("online_softmax::step: weights in whole packets and tails; a NaN poiso
   }
 }
 
+// flush_below is a constant expression (the static_assert), the float and double 4 log(eps) rounds to,
+// so that flush_weight, initialized at run time from it, never reads it unset
+TEST_CASE("online_softmax: flush_below is 4 log(eps), flush_weight 2 exp(flush_below)", "[kernel]") {
+  using f = posenc::detail::online_softmax<float>;
+  using d = posenc::detail::online_softmax<double>;
+  static_assert(f::flush_below < -63.0f && d::flush_below < -144.0);
+  CHECK(f::flush_below == 4.0f * std::log(std::numeric_limits<float>::epsilon()));
+  CHECK(d::flush_below == 4.0 * std::log(std::numeric_limits<double>::epsilon()));
+  CHECK(f::flush_weight == 2.0f * std::exp(f::flush_below));
+  CHECK(d::flush_weight == 2.0 * std::exp(d::flush_below));
+}
+
 namespace {
 
 /// Scores for the online_softmax steps over two blocks, by row kind: 0 finite, max rising in block 1;

@@ -50,8 +50,14 @@ struct online_softmax {
   using vector = Eigen::Matrix<T, Eigen::Dynamic, 1>;
   vector m, l, alpha;  ///< running max, running sum, rescale factor of the last step (per row)
 
-  /// log(eps^4): weights exp(s - m) below it are dropped (see the header comment).
-  static inline const T flush_below = T(4) * std::log(std::numeric_limits<T>::epsilon());
+  /// log(eps^4) = -4 (digits - 1) ln 2 for the machine epsilon eps = 2^-(digits - 1): -63.77 in float,
+  /// -144.2 in double. Weights exp(s - m) below it are dropped (see the header comment). A constant
+  /// (the float and the double that 4 log(eps) rounds to), so that flush_weight's initialization
+  /// never reads it unset: two static members of a class template initialized at run time are
+  /// initialized in no specified order, and in a translation unit that named flush_below first,
+  /// flush_weight came out 2 exp(0) = 2 and every weight 0.
+  static constexpr T flush_below =
+      static_cast<T>(-4.0L * (std::numeric_limits<T>::digits - 1) * 0.693147180559945309417232121458176568L);
   /// 2 exp(flush_below): subtracted from every weight so that exp(flush_below) (within an ulp) is 0.
   static inline const T flush_weight = T(2) * std::exp(flush_below);
 
