@@ -10,6 +10,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <posenc/alibi.hpp>
@@ -708,6 +709,44 @@ TEST_CASE("online_softmax::step: weights in whole packets and tails; a NaN poiso
         CHECK(row.array().isNaN().all());
       }
   }
+}
+
+TEST_CASE("online_softmax::exp_of_weight: pexp_float's floats, within 2 ulp of exp, NaN stays NaN", "[kernel]") {
+  using sm = posenc::detail::online_softmax<float>;
+  namespace in = Eigen::internal;
+  constexpr Index W = sm::width;
+  // every 97th float of [flush_below, 0] (11 million of them), both ends, +0 and a few in between
+  std::vector<float> xs{sm::flush_below, -0.0f, 0.0f, -1e-45f, -0.5f * std::log(2.0f)};
+  std::uint32_t first = 0, last = 0;  // the bits of -0 and flush_below: a negative float's grow with |x|
+  const float negative_zero = -0.0f;
+  std::memcpy(&first, &negative_zero, sizeof first);
+  std::memcpy(&last, &sm::flush_below, sizeof last);
+  for (std::uint32_t u = first; u <= last; u += 97) {
+    float x = 0;
+    std::memcpy(&x, &u, sizeof x);
+    xs.push_back(x);
+  }
+  while (xs.size() % W != 0) xs.push_back(0.0f);
+  // 1.24 ulp at worst with the two-part ln 2 (Eigen 3.4's AVX-512 pexp, one part: 3.4 near flush_below)
+  double worst_ulp = 0;
+  Index differ = 0;  // from Eigen's generic pexp_float, whose arithmetic it keeps
+  std::vector<float> got(W), eigen(W);
+  for (std::size_t i = 0; i < xs.size(); i += W) {
+    const auto x = in::ploadu<sm::packet>(xs.data() + i);
+    in::pstoreu(got.data(), sm::exp_of_weight(x));
+    in::pstoreu(eigen.data(), in::pexp_float(x));
+    for (Index k = 0; k < W; ++k) {
+      const double e = std::exp(static_cast<double>(xs[i + k]));
+      const double ulp = std::ldexp(1.0, std::ilogb(e) - 23);  // of the float nearest e
+      worst_ulp = std::max(worst_ulp, std::abs(got[k] - e) / ulp);
+      differ += got[k] != eigen[k];
+    }
+  }
+  CHECK(worst_ulp <= 2.0);
+  CHECK(differ == 0);
+  const auto nan = in::pset1<sm::packet>(std::numeric_limits<float>::quiet_NaN());
+  in::pstoreu(got.data(), sm::exp_of_weight(nan));
+  for (const float g : got) CHECK(std::isnan(g));
 }
 
 // flush_below is a constant expression (the static_assert), the float and double 4 log(eps) rounds to,
