@@ -138,32 +138,41 @@ struct result {
   std::vector<double> out, lse;
 };
 
-template <class T, class E>
+// The kernel in T, K and V stored in KV (T, or Eigen::half / Eigen::bfloat16 with T = float).
+template <class T, class KV = T, class E>
 result run_kernel(const problem& p, const E& enc, Eigen::ThreadPoolInterface* pool) {
   const dcase& c = p.c;
-  const std::vector<T> q(p.q.begin(), p.q.end()), k(p.k.begin(), p.k.end()), v(p.v.begin(), p.v.end());
+  const std::vector<T> q(p.q.begin(), p.q.end());
+  const auto stored = [](const std::vector<double>& x) {
+    std::vector<KV> r(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) r[i] = KV(static_cast<T>(x[i]));
+    return r;
+  };
+  const std::vector<KV> k = stored(p.k), v = stored(p.v);
   std::vector<T> out(static_cast<std::size_t>(c.B * c.Sq * c.H * c.Dv), T(123));
   std::vector<T> lse(static_cast<std::size_t>(c.B * c.H * c.Sq), T(123));
   auto opt = p.options();
   opt.pool = pool;
-  posenc::attention<T>(posenc::bshd<const T>(q.data(), c.B, c.Sq, c.H, c.D),
-                       posenc::bshd<const T>(k.data(), c.B, c.Sk, c.Hkv, c.D),
-                       posenc::bshd<const T>(v.data(), c.B, c.Sk, c.Hkv, c.Dv),
-                       posenc::bshd<T>(out.data(), c.B, c.Sq, c.H, c.Dv),
-                       posenc::tensor_map<T, 3>(lse.data(), c.B, c.H, c.Sq), enc, opt);
+  posenc::attention(posenc::bshd<const T>(q.data(), c.B, c.Sq, c.H, c.D),
+                    posenc::bshd<const KV>(k.data(), c.B, c.Sk, c.Hkv, c.D),
+                    posenc::bshd<const KV>(v.data(), c.B, c.Sk, c.Hkv, c.Dv),
+                    posenc::bshd<T>(out.data(), c.B, c.Sq, c.H, c.Dv),
+                    posenc::tensor_map<T, 3>(lse.data(), c.B, c.H, c.Sq), enc, opt);
   return {std::vector<double>(out.begin(), out.end()), std::vector<double>(lse.begin(), lse.end())};
 }
 
-// The double reference on the inputs rounded to T (only the kernel's arithmetic differs).
-template <class T>
+// The double reference on the inputs rounded to T, and K and V then to KV where they are stored in a
+// half type (only the kernel's arithmetic differs).
+template <class T, class KV = T>
 result run_reference(const problem& p, const posenc::reference_terms<double>& terms) {
   const dcase& c = p.c;
-  auto round = [](const std::vector<double>& x) {
+  auto round = [](const std::vector<double>& x, auto stored) {
+    using S = decltype(stored);
     std::vector<double> r(x.size());
-    for (std::size_t i = 0; i < x.size(); ++i) r[i] = static_cast<double>(static_cast<T>(x[i]));
+    for (std::size_t i = 0; i < x.size(); ++i) r[i] = static_cast<double>(static_cast<S>(static_cast<T>(x[i])));
     return r;
   };
-  const auto q = round(p.q), k = round(p.k), v = round(p.v);
+  const auto q = round(p.q, T{}), k = round(p.k, KV{}), v = round(p.v, KV{});
   result r;
   r.out.assign(static_cast<std::size_t>(c.B * c.Sq * c.H * c.Dv), 0.0);
   r.lse.assign(static_cast<std::size_t>(c.B * c.H * c.Sq), 0.0);
@@ -195,20 +204,28 @@ void expect_close(const std::vector<double>& got, const std::vector<double>& wan
   CHECK(worst <= tol);
 }
 
-// Kernel (float and double, 1 and 2 threads) against the reference.
-template <class E = posenc::no_position>
-void check(const dcase& c, const E& enc = {}, const posenc::reference_terms<double>& terms = {}) {
-  INFO(describe(c));
-  const problem p(c);
+// f(the problem on one path, pool) for both strategies, the tiled kernel and the decode one
+// (detail/attention_decode.hpp), each on 1 and 2 threads.
+template <class F>
+void on_paths_and_threads(const problem& p, F&& f) {
   Eigen::ThreadPool two(2);
-  const result want_d = run_reference<double>(p, terms), want_f = run_reference<float>(p, terms);
-  // both strategies: the tiled kernel and the decode one (detail/attention_decode.hpp)
   for (const auto path : {posenc::attention_path::tiled, posenc::attention_path::decode})
   for (Eigen::ThreadPoolInterface* pool : {static_cast<Eigen::ThreadPoolInterface*>(nullptr),
                                            static_cast<Eigen::ThreadPoolInterface*>(&two)}) {
     INFO((pool != nullptr ? "2 threads" : "1 thread") << (path == posenc::attention_path::decode ? " decode" : " tiled"));
     problem pp = p;
     pp.c.path = path;
+    f(pp, pool);
+  }
+}
+
+// Kernel (float and double, 1 and 2 threads) against the reference.
+template <class E = posenc::no_position>
+void check(const dcase& c, const E& enc = {}, const posenc::reference_terms<double>& terms = {}) {
+  INFO(describe(c));
+  const problem p(c);
+  const result want_d = run_reference<double>(p, terms), want_f = run_reference<float>(p, terms);
+  on_paths_and_threads(p, [&](const problem& pp, Eigen::ThreadPoolInterface* pool) {
     {
       INFO("double");
       const result got = run_kernel<double>(pp, enc, pool);
@@ -221,7 +238,30 @@ void check(const dcase& c, const E& enc = {}, const posenc::reference_terms<doub
       expect_close<float>(got.out, want_f.out, "out");
       expect_close<float>(got.lse, want_f.lse, "lse");
     }
-  }
+  });
+}
+
+// K and V stored in f16 and bf16 (q, out and lse in float), against the reference on the stored values:
+// the half-precision operand paths (keys widened in the loads or staged, the row layout taking up to
+// 8 or 16 rows per kv head) under the same options.
+void check_half_kv(const dcase& c) {
+  INFO(describe(c));
+  const problem p(c);
+  const result want_h = run_reference<float, Eigen::half>(p, {}), want_b = run_reference<float, Eigen::bfloat16>(p, {});
+  on_paths_and_threads(p, [&](const problem& pp, Eigen::ThreadPoolInterface* pool) {
+    {
+      INFO("f16 K/V");
+      const result got = run_kernel<float, Eigen::half>(pp, posenc::no_position{}, pool);
+      expect_close<float>(got.out, want_h.out, "out");
+      expect_close<float>(got.lse, want_h.lse, "lse");
+    }
+    {
+      INFO("bf16 K/V");
+      const result got = run_kernel<float, Eigen::bfloat16>(pp, posenc::no_position{}, pool);
+      expect_close<float>(got.out, want_b.out, "out");
+      expect_close<float>(got.lse, want_b.lse, "lse");
+    }
+  });
 }
 
 // A score term inside the scale (the softcap must see it): scale * 0.75 sin(0.3 i + 0.7 j + h).
@@ -923,6 +963,51 @@ TEST_CASE("attention_mask: HF 1 = token, 0 = padding, alone or with key_padding_
   none.am.clear();
   CHECK(run_kernel<double>(ones, posenc::no_position{}, nullptr).out ==
         run_kernel<double>(none, posenc::no_position{}, nullptr).out);
+}
+
+TEST_CASE("decoder options together: random shapes, windows, sinks, softcap, masks, positions, f16 / bf16 K/V",
+          "[kernel]") {
+  // The cases above set one option at a time on a few shapes; here every option is drawn at random,
+  // so that they meet in combinations and shapes no case lists: head dims that are not whole packets
+  // or pairs, value dims unlike the key dims, groups of 1 to 8 query heads, caches over several
+  // split-KV segments (beyond 1024 keys), windows shorter and longer than a tile, rows that see no key;
+  // K and V in float and double, and stored in f16 and bf16.
+  std::mt19937 rng(2026);
+  const auto pick = [&](std::initializer_list<Index> from) {
+    return *(from.begin() +
+             std::uniform_int_distribution<std::ptrdiff_t>(0, static_cast<std::ptrdiff_t>(from.size()) - 1)(rng));
+  };
+  const auto one_in = [&](int n) { return std::uniform_int_distribution<int>(0, n - 1)(rng) == 0; };
+  std::normal_distribution<double> normal;
+  for (int i = 0; i < 24; ++i) {
+    dcase c;
+    c.seed = static_cast<unsigned>(100 + i);
+    c.B = pick({1, 2});
+    c.Hkv = pick({1, 2, 4});
+    c.H = c.Hkv * pick({1, 2, 3, 4, 8});
+    c.D = pick({8, 16, 33, 64, 66, 128});
+    c.Dv = one_in(3) ? pick({12, 40}) : c.D;
+    c.Sq = pick({1, 1, 2, 3, 5, 17});
+    c.Sk = std::max(c.Sq, pick({1, 31, 64, 100, 700, 1100, 2100}));
+    c.q_offset = one_in(4) ? std::uniform_int_distribution<Index>(0, c.Sk)(rng) : c.Sk - c.Sq;
+    c.causal = !one_in(4);
+    if (c.causal && one_in(3)) c.window = pick({1, 7, 64, 300, 1000});
+    if (one_in(3)) c.softcap = static_cast<double>(pick({5, 30}));
+    if (one_in(3))
+      for (Index h = 0; h < c.H; ++h) c.sinks.push_back(one_in(5) ? -inf : normal(rng));
+    c.attention_mask = one_in(4);
+    c.key_padding_mask = one_in(4);
+    if (one_in(4))
+      for (Index b = 0; b < c.B; ++b) c.kv_lengths.push_back(std::uniform_int_distribution<Index>(0, c.Sk)(rng));
+    c.key_order = one_in(6) ? keys::shuffled : one_in(5) ? keys::queries_positioned : keys::ascending;
+    c.input_scale = one_in(3) ? 2.5 : 1.0;
+    if (one_in(2)) {
+      c.q_block = 8;
+      c.k_block = pick({16, 32});
+    }
+    check(c);
+    check_half_kv(c);
+  }
 }
 
 TEST_CASE("decoder options: invalid values throw posenc::error before anything is written", "[kernel]") {
