@@ -204,6 +204,16 @@ void expect_close(const std::vector<double>& got, const std::vector<double>& wan
   CHECK(worst <= tol);
 }
 
+// The kernel in T with K and V stored in KV (run_kernel) against `want`: out and lse.
+template <class T, class KV = T, class E>
+void expect_kernel(const char* what, const problem& p, const E& enc, Eigen::ThreadPoolInterface* pool,
+                   const result& want) {
+  INFO(what);
+  const result got = run_kernel<T, KV>(p, enc, pool);
+  expect_close<T>(got.out, want.out, "out");
+  expect_close<T>(got.lse, want.lse, "lse");
+}
+
 // f(the problem on one path, pool) for both strategies, the tiled kernel and the decode one
 // (detail/attention_decode.hpp), each on 1 and 2 threads.
 template <class F>
@@ -226,18 +236,8 @@ void check(const dcase& c, const E& enc = {}, const posenc::reference_terms<doub
   const problem p(c);
   const result want_d = run_reference<double>(p, terms), want_f = run_reference<float>(p, terms);
   on_paths_and_threads(p, [&](const problem& pp, Eigen::ThreadPoolInterface* pool) {
-    {
-      INFO("double");
-      const result got = run_kernel<double>(pp, enc, pool);
-      expect_close<double>(got.out, want_d.out, "out");
-      expect_close<double>(got.lse, want_d.lse, "lse");
-    }
-    {
-      INFO("float");
-      const result got = run_kernel<float>(pp, enc, pool);
-      expect_close<float>(got.out, want_f.out, "out");
-      expect_close<float>(got.lse, want_f.lse, "lse");
-    }
+    expect_kernel<double>("double", pp, enc, pool, want_d);
+    expect_kernel<float>("float", pp, enc, pool, want_f);
   });
 }
 
@@ -249,18 +249,8 @@ void check_half_kv(const dcase& c) {
   const problem p(c);
   const result want_h = run_reference<float, Eigen::half>(p, {}), want_b = run_reference<float, Eigen::bfloat16>(p, {});
   on_paths_and_threads(p, [&](const problem& pp, Eigen::ThreadPoolInterface* pool) {
-    {
-      INFO("f16 K/V");
-      const result got = run_kernel<float, Eigen::half>(pp, posenc::no_position{}, pool);
-      expect_close<float>(got.out, want_h.out, "out");
-      expect_close<float>(got.lse, want_h.lse, "lse");
-    }
-    {
-      INFO("bf16 K/V");
-      const result got = run_kernel<float, Eigen::bfloat16>(pp, posenc::no_position{}, pool);
-      expect_close<float>(got.out, want_b.out, "out");
-      expect_close<float>(got.lse, want_b.lse, "lse");
-    }
+    expect_kernel<float, Eigen::half>("f16 K/V", pp, posenc::no_position{}, pool, want_h);
+    expect_kernel<float, Eigen::bfloat16>("bf16 K/V", pp, posenc::no_position{}, pool, want_b);
   });
 }
 
