@@ -276,7 +276,7 @@ void decode_rows(benchmark::State& state) {
 
 /// A [tokens, kv_heads x d] cache copied into rows `pad_bytes` longer (the padding zero), and the
 /// view of it: rows exactly 4 KiB apart (f32, 8 kv heads of 128) put the same column of every row in
-/// one L1 set, which costs the value products (docs/performance.md › Decode). With `order` BHSD the
+/// one L1 set, which costs the value products (docs/decode-measurements.md, Zen 5). With `order` BHSD the
 /// same values as [kv_heads, tokens, d] (a Hugging Face cache's layout; pad_bytes unused).
 template <class KV>
 struct decode_cache {

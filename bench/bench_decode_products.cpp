@@ -23,7 +23,7 @@
 // Without the products' prefetch (it is for the next tile from DRAM: bench_read_order). Counters
 // MACs_per_ns (the product) and peak_MACs_per_ns (the FMA loop), a packet FMA counting its lanes.
 // What the decode step takes beyond these rates is its reads from DRAM and its softmax step
-// (docs/performance.md › Decode against a KV cache).
+// (docs/decode-measurements.md, Zen 5).
 #include <benchmark/benchmark.h>
 
 #include <Eigen/Core>

@@ -11,7 +11,7 @@
 //   BM_read_order_prefetch/Lk:<n>  the decode order with and without the products' prefetch (the
 //                                  same line of the row decode_prefetch_rows tokens further, once
 //                                  per line): counter prefetch_over_none
-// Lk = 64 (512 KiB) keeps the cache in L2; Lk = 32768 (268 MB) reads it from DRAM (docs/performance.md › Decode).
+// Lk = 64 (512 KiB) keeps the cache in L2; Lk = 32768 (268 MB) reads it from DRAM (docs/decode-measurements.md, Zen 5).
 #include <benchmark/benchmark.h>
 
 #include <Eigen/Core>

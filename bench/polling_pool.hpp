@@ -4,8 +4,8 @@
 //
 // Why: a 2-thread decode step hands a pool thread its items at the start of every call, and Eigen's
 // ThreadPool lets an idle worker spin only briefly (2500 steal attempts on 2 threads) before it sleeps;
-// on the 2-vCPU VMs a sleeping worker starts a task 12-77 us after Schedule (docs/performance.md ›
-// Decode, Zen 5). BM_decode_layers runs the same loop with both pools, so that what the split-KV step
+// on the 2-vCPU VMs a sleeping worker starts a task 12-77 us after Schedule (docs/decode-measurements.md,
+// Zen 5). BM_decode_layers runs the same loop with both pools, so that what the split-KV step
 // costs and what the pool's wake costs are told apart.
 //
 // The calling thread counts as one of the pool's threads: `threads - 1` workers, NumThreads() =

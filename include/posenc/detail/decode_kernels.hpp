@@ -111,8 +111,8 @@ inline constexpr index_t decode_prefetch_rows = 32;
 /// the item has, at most), in this tile or, past the item's last head, in the next tile
 /// (decode_attention::column_prefetch). A tile ahead, a call held two tiles of K and V in L2 besides
 /// the accumulators (512 KiB with f32 and 8 kv heads of 128), and reading the cache cost 0.14-0.24 us
-/// per key on top of the products (docs/performance.md › Where the 4-row step's time goes from
-/// DRAM). Paired calls, time against a tile ahead (GQA 32/8, d = 128, Zen 5 VM, calls rotating over
+/// per key on top of the products (docs/decode-measurements.md › Where the 4-row step's time goes
+/// from DRAM). Paired calls, time against a tile ahead (GQA 32/8, d = 128, Zen 5 VM, calls rotating over
 /// 384-512 MiB of caches; Lk = 4096 / 32768 / 1024 in L3), f32 4 rows: 2 heads later 0.90 / 0.88 /
 /// 0.93, 3 heads 0.87 / 0.88 / 0.90, 4 heads 0.89 / 0.90 / 0.94, 5 heads 0.89 / 0.90 / 0.94, 6 heads
 /// 0.94 / 0.92 / 0.96; 3 heads on 2 threads 0.93 / 0.93 / 0.96; f32 2 rows 0.94 / 0.95 / 0.93; f16 4
@@ -187,7 +187,7 @@ inline void with_sweep_locality(F&& f) {
 /// The chunks cost compute (the accumulators loaded and stored every chunk: 150 ns per key against
 /// 90 head by head, Zen 4 VM, in L2), and every cheaper order tried there gave it back from DRAM
 /// (paired, f32 1 row, time in L3 / from DRAM: chunks of 8 0.90 / 0.96-1.00, of 16 0.85 / 1.01-1.02,
-/// head by head 0.78-0.83 / 0.90-1.06; docs/performance.md › Decode).
+/// head by head 0.78-0.83 / 0.90-1.06; docs/decode-measurements.md, Zen 4).
 inline constexpr index_t decode_value_chunk_keys = 4;
 /// The largest token row of values (all kv heads) summed that way: two chunks within 32 KiB.
 inline constexpr index_t decode_value_chunk_row_bytes = 4096;

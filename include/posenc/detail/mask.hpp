@@ -84,8 +84,8 @@ struct call_masks {
 /// sliding window and keys positioned by their index (no k_positions), the keys before the window of
 /// the lowest query position q_min, k < q_min - W + 1, are before every query's window (padding only
 /// hides more keys). A decode step with W = 128 on a 32768-key cache would otherwise resolve,
-/// summarize and keep a softmax state for all of them (docs/performance.md › Per-call work that grows
-/// with the cache). At least one key is kept, so the call's shapes stay those of a call with keys.
+/// summarize and keep a softmax state for all of them (docs/decode-measurements.md › Per-call work that
+/// grows with the cache). At least one key is kept, so the call's shapes stay those of a call with keys.
 [[nodiscard]] inline index_t leading_keys_unseen(const attention_options& opt, std::int64_t q_min, index_t k_len) {
   if (!opt.causal || opt.sliding_window == 0 || opt.k_positions || k_len <= 1) return 0;
   const std::int64_t first = window_start(q_min, opt.sliding_window);
