@@ -3,6 +3,7 @@
 // modeling_rope_utils.py, Press et al. for ALiBi slopes), not taken from the library.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdint>
 #include <numbers>
 #include <string>
 #include <vector>
@@ -590,6 +591,147 @@ TEST_CASE("hf_config: Gemma 3's sliding layers rotate with rope_local_base_freq,
   const json mistral = json::parse(R"({"model_type": "mistral", "head_dim": 128, "num_attention_heads": 32,
     "num_hidden_layers": 32, "rope_theta": 10000.0, "sliding_window": 4096})");
   check_close(posenc::rope(posenc::io::rope_config_from_hf(mistral, 3)).inv_freq(), plain_inv_freq(1e4, 128));
+}
+
+namespace {
+
+/// HF Cohere's rotation of one head vector at position p (CohereRotaryEmbedding, apply_rotary_pos_emb of
+/// modeling_cohere.py), written out in double: the frequencies repeat_interleaved (emb[j] = p theta_{j/2}),
+/// rotate_half pairing x[2i] with x[2i+1] (rot[2i] = -x[2i+1], rot[2i+1] = x[2i]), y = x cos + rot sin.
+std::vector<double> cohere_rotate(const std::vector<double>& x, double p, double base) {
+  const auto d = static_cast<int>(x.size());
+  const auto inv = plain_inv_freq(base, d);
+  std::vector<double> y(x.size());
+  for (int j = 0; j < d; ++j) {
+    const double emb = p * inv[static_cast<std::size_t>(j / 2)];
+    const double rot = j % 2 == 0 ? -x[static_cast<std::size_t>(j + 1)] : x[static_cast<std::size_t>(j - 1)];
+    y[static_cast<std::size_t>(j)] = x[static_cast<std::size_t>(j)] * std::cos(emb) + rot * std::sin(emb);
+  }
+  return y;
+}
+
+}  // namespace
+
+TEST_CASE("hf_config: Cohere and Cohere2 rotate adjacent pairs; Cohere2's full layers are NoPE, every 4th",
+          "[io][hf_config]") {
+  // CohereForAI/c4ai-command-r7b-12-2024 (transformers 4.48: sliding_window_pattern, no layer_types).
+  json c2 = json::parse(R"({"architectures": ["Cohere2ForCausalLM"], "model_type": "cohere2", "hidden_size": 4096,
+    "head_dim": 128, "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,
+    "max_position_embeddings": 132096, "rope_theta": 50000, "rope_scaling": null, "sliding_window": 4096,
+    "sliding_window_pattern": 4, "logit_scale": 0.25, "cache_implementation": "hybrid"})");
+  const auto r = posenc::io::rope_config_from_hf(c2);
+  CHECK(r.layout == posenc::rope_layout::interleaved);
+  // The rotation itself against HF's formula, at a few positions.
+  const posenc::rope rope(r);
+  std::vector<double> x(128);
+  for (std::size_t j = 0; j < x.size(); ++j) x[j] = std::sin(0.37 * static_cast<double>(j) + 0.1);
+  for (std::int64_t p : {1, 17, 1234, 131000}) {
+    INFO("position " << p);
+    std::vector<double> y = x;
+    rope.apply(posenc::bshd(y.data(), 1, 1, 1, 128), posenc::positions_view(&p, 1, 1));
+    const auto want = cohere_rotate(x, static_cast<double>(p), 50000.0);
+    // the angle's rounding grows with it (ulp of 131000 rad: 1.5e-11); a wrong pairing is off by O(1)
+    const double tol = 1e-14 * static_cast<double>(p + 1);
+    for (std::size_t j = 0; j < y.size(); ++j) CHECK(std::abs(y[j] - want[j]) <= tol);
+  }
+
+  // Cohere2Attention: sliding_window where (layer_idx + 1) % sliding_window_pattern != 0, and RoPE only there.
+  const auto check_layers = [](const posenc::io::model_attention_config& a) {
+    REQUIRE(a.num_hidden_layers == 32);
+    for (posenc::index_t l = 0; l < 32; ++l) {
+      INFO("layer " << l);
+      const bool sliding = (l + 1) % 4 != 0;
+      CHECK(a.layer_window(l) == (sliding ? 4096 : 0));
+      CHECK(a.layer_rotates(l) == sliding);
+    }
+  };
+  check_layers(posenc::io::attention_config_from_hf(c2));
+  json no_pattern = c2;  // Cohere2Config's default pattern is 4
+  no_pattern.erase("sliding_window_pattern");
+  check_layers(posenc::io::attention_config_from_hf(no_pattern));
+  json typed = no_pattern;  // transformers >= 4.53 writes layer_types instead
+  std::vector<std::string> types;
+  for (int l = 0; l < 32; ++l) types.push_back((l + 1) % 4 != 0 ? "sliding_attention" : "full_attention");
+  typed["layer_types"] = types;
+  check_layers(posenc::io::attention_config_from_hf(typed));
+  CHECK(posenc::io::rope_config_from_hf(c2, 2).layout == posenc::rope_layout::interleaved);
+  CHECK_THROWS_WITH(posenc::io::rope_config_from_hf(c2, 3),
+                    Catch::Contains("layer: does not rotate its queries and keys (a NoPE layer") &&
+                        Catch::Contains("(got 3 of model_type cohere2)"));
+  json no_window = c2;  // Cohere2Attention rotates only where a window is set: with none, no layer does
+  no_window["sliding_window"] = nullptr;
+  const auto nw = posenc::io::attention_config_from_hf(no_window);
+  CHECK(nw.layer_window(0) == 0);
+  CHECK_FALSE(nw.layer_rotates(0));
+
+  // Command R (cohere): the same pairs, every layer rotates, no window.
+  const json c1 = json::parse(R"({"model_type": "cohere", "hidden_size": 8192, "num_attention_heads": 64,
+    "num_key_value_heads": 64, "num_hidden_layers": 40, "rope_theta": 8000000.0, "use_qk_norm": false})");
+  CHECK(posenc::io::rope_config_from_hf(c1).layout == posenc::rope_layout::interleaved);
+  CHECK(posenc::io::encoding_from_hf(c1).family == "rope");
+  const auto a1 = posenc::io::attention_config_from_hf(c1);
+  CHECK(a1.layer_rotates(39));
+  CHECK(a1.layer_window(39) == 0);
+}
+
+TEST_CASE("hf_config: NoPE layers of SmolLM3 (no_rope_layers), Qwen's default max_window_layers, Llama 4",
+          "[io][hf_config]") {
+  // HuggingFaceTB/SmolLM3-3B: no_rope_layers, 1 = RoPE; layer_types all full; use_sliding_window false.
+  json s = json::parse(R"({"model_type": "smollm3", "hidden_size": 2048, "num_attention_heads": 16,
+    "num_key_value_heads": 4, "num_hidden_layers": 36, "rope_theta": 5000000.0, "max_position_embeddings": 65536,
+    "use_sliding_window": false, "sliding_window": null, "no_rope_layer_interval": 4})");
+  std::vector<int> list;
+  for (int l = 0; l < 36; ++l) list.push_back(l % 4 == 3 ? 0 : 1);
+  list[5] = 0;  // a list that no interval rule gives: read as written
+  s["no_rope_layers"] = list;
+  s["layer_types"] = std::vector<std::string>(36, "full_attention");
+  const auto a = posenc::io::attention_config_from_hf(s);
+  for (posenc::index_t l = 0; l < 36; ++l) {
+    INFO("layer " << l);
+    CHECK(a.layer_rotates(l) == (list[static_cast<std::size_t>(l)] == 1));
+    CHECK(a.layer_window(l) == 0);
+  }
+  CHECK_THROWS_WITH(posenc::io::rope_config_from_hf(s, 5), Catch::Contains("a NoPE layer"));
+  CHECK(posenc::io::rope_config_from_hf(s, 4).rope_theta == 5e6);
+  // Without the list, SmolLM3Config's default: every no_rope_layer_interval-th layer is NoPE.
+  json by_interval = s;
+  by_interval.erase("no_rope_layers");
+  by_interval["no_rope_layer_interval"] = 3;
+  const auto b = posenc::io::attention_config_from_hf(by_interval);
+  for (posenc::index_t l = 0; l < 36; ++l) CHECK(b.layer_rotates(l) == ((l + 1) % 3 != 0));
+  // use_sliding_window false keeps a configured window off (no layer_types to say otherwise).
+  json off = s;
+  off.erase("layer_types");
+  off["sliding_window"] = 4096;
+  CHECK(posenc::io::attention_config_from_hf(off).layer_window(0) == 0);
+  off["use_sliding_window"] = true;
+  CHECK(posenc::io::attention_config_from_hf(off).layer_window(0) == 4096);
+  json short_list = s;
+  short_list["no_rope_layers"] = std::vector<int>(35, 1);
+  CHECK_THROWS_WITH(
+      posenc::io::attention_config_from_hf(short_list),
+      Catch::Contains("no_rope_layers: must have an entry per layer (num_hidden_layers) (got 35 for 36)"));
+
+  // Qwen2Config's max_window_layers defaults to 28.
+  const json q = json::parse(R"({"model_type": "qwen2", "hidden_size": 3584, "num_attention_heads": 28,
+    "num_key_value_heads": 4, "num_hidden_layers": 32, "sliding_window": 4096, "use_sliding_window": true})");
+  const auto qa = posenc::io::attention_config_from_hf(q);
+  for (posenc::index_t l = 0; l < 32; ++l) CHECK(qa.layer_window(l) == (l >= 28 ? 4096 : 0));
+
+  // Llama 4 (text_config of meta-llama/Llama-4-Scout-17B-16E): complex pairs of adjacent dims
+  // (apply_rotary_emb's view_as_complex), and chunked local attention, which posenc has no option for.
+  const json l4 = json::parse(R"({"model_type": "llama4", "text_config": {"model_type": "llama4_text",
+    "hidden_size": 5120, "head_dim": 128, "num_attention_heads": 40, "num_key_value_heads": 8,
+    "num_hidden_layers": 48, "rope_theta": 500000.0, "attention_chunk_size": 8192, "no_rope_layers": [],
+    "rope_scaling": {"factor": 16.0, "high_freq_factor": 1.0, "low_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"}}})");
+  CHECK(posenc::io::rope_config_from_hf(l4).layout == posenc::rope_layout::interleaved);
+  CHECK_THROWS_WITH(posenc::io::attention_config_from_hf(l4),
+                    Catch::Contains("attention_chunk_size: chunked attention (Llama 4) is not supported"));
+  json l4_unchunked = l4;  // Llama4TextConfig's empty no_rope_layers: every 4th layer is NoPE
+  l4_unchunked["text_config"].erase("attention_chunk_size");
+  const auto la = posenc::io::attention_config_from_hf(l4_unchunked);
+  for (posenc::index_t l = 0; l < 48; ++l) CHECK(la.layer_rotates(l) == ((l + 1) % 4 != 0));
 }
 
 TEST_CASE("hf_config: llama3 scaling needs original_max_position_embeddings in its block, as transformers",

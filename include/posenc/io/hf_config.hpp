@@ -12,8 +12,9 @@
 //   learned_spec_from_hf    learned absolute: max_position_embeddings, width, row offset (OPT/BART 2)
 //   attention_config_from_hf  what a host needs besides the encoding (model_attention_config): heads,
 //                           kv heads, head_dim, the sliding window and which layers use it (Mistral,
-//                           Qwen2, Gemma 2/3, gpt-oss), Gemma 2's logit softcap and query_pre_attn_scalar,
-//                           gpt-oss's attention sinks
+//                           Qwen2, Gemma 2/3, Cohere2, gpt-oss), which layers skip RoPE (Cohere2,
+//                           SmolLM3), Gemma 2's logit softcap and query_pre_attn_scalar, gpt-oss's
+//                           attention sinks
 // and `encoding_from_hf` picks the family from model_type and the keys present, through the table
 // `hf_families()`: a new family (Shaw, Transformer-XL, DeBERTa, TUPE) is one reader function plus one
 // row of that table, and one alternative of hf_encoding::config.
@@ -254,11 +255,14 @@ namespace detail {
     r.head_dim = head_dim(cfg, "rope");
   }
   if (auto rd = get<index_t>(cfg, {"rotary_dim"}); rd && one_of(mt, {"gptj", "codegen"})) r.rotary_dim = *rd;
-  // Interleaved pairs: GPT-J / CodeGen (rotate_every_two); DeepSeek-V2 (complex pairs of adjacent
-  // dims) and V3 unless rope_interleave is false (apply_rotary_pos_emb_interleave: q and k de-interleaved
-  // alike before rotate_half, so the scores are those of adjacent pairs).
-  const bool interleaved = one_of(mt, {"gptj", "codegen", "deepseek_v2"}) ||
-                           (mt == "deepseek_v3" && get<bool>(cfg, {"rope_interleave"}).value_or(true));
+  // Interleaved pairs: GPT-J / CodeGen (rotate_every_two); Cohere / Cohere2 (their rotate_half pairs
+  // x[2i] with x[2i+1] and CohereRotaryEmbedding repeat_interleaves the frequencies); Llama 4 and
+  // DeepSeek-V2 (complex pairs of adjacent dims, view_as_complex) and V3 unless rope_interleave is
+  // false (apply_rotary_pos_emb_interleave: q and k de-interleaved alike before rotate_half, so the
+  // scores are those of adjacent pairs).
+  const bool interleaved =
+      one_of(mt, {"gptj", "codegen", "cohere", "cohere2", "llama4", "llama4_text", "deepseek_v2"}) ||
+      (mt == "deepseek_v3" && get<bool>(cfg, {"rope_interleave"}).value_or(true));
   r.layout = interleaved ? rope_layout::interleaved : rope_layout::half;
   r.max_position_embeddings = get<std::int64_t>(cfg, {"max_position_embeddings", "n_positions"});
 
@@ -383,9 +387,12 @@ struct model_attention_config {
   /// The sliding window W (0 = none): a query at p sees keys p - W + 1 .. p (HF's sliding-window
   /// mask; attention_options::sliding_window).
   index_t sliding_window = 0;
-  /// Per layer, whether it uses the window (Gemma 2/3, gpt-oss, Qwen2 alternate sliding and full
-  /// layers); empty = every layer does when sliding_window > 0 (Mistral).
+  /// Per layer, whether it uses the window (Gemma 2/3, Cohere2, gpt-oss, Qwen2 alternate sliding and
+  /// full layers); empty = every layer does when sliding_window > 0 (Mistral).
   std::vector<bool> sliding_layers{};
+  /// Per layer, whether it rotates its queries and keys with the model's RoPE: false for a NoPE layer
+  /// (Cohere2's full-attention layers, SmolLM3's no_rope_layers); empty = every layer does.
+  std::vector<bool> rope_layers{};
   /// Gemma 2's attn_logit_softcapping (0 = none): attention_options::logit_softcap.
   double attn_logit_softcapping = 0.0;
   /// Gemma's query_pre_attn_scalar: the logit scale is query_pre_attn_scalar^-1/2, not head_dim^-1/2.
@@ -399,11 +406,16 @@ struct model_attention_config {
 
   /// The window of layer `layer` (0 for a full-attention layer).
   [[nodiscard]] index_t layer_window(index_t layer) const {
-    require(layer >= 0 && (num_hidden_layers == 0 || layer < num_hidden_layers), "layer",
-            "must be in [0, num_hidden_layers)", layer, " for ", num_hidden_layers, " layers");
+    check_layer(layer);
     if (sliding_window == 0) return 0;
     if (sliding_layers.empty()) return sliding_window;
     return sliding_layers[static_cast<std::size_t>(layer)] ? sliding_window : 0;
+  }
+  /// Whether layer `layer` rotates its queries and keys (rope_config_from_hf(cfg, layer)); a NoPE
+  /// layer runs the kernel with posenc::no_position{}.
+  [[nodiscard]] bool layer_rotates(index_t layer) const {
+    check_layer(layer);
+    return rope_layers.empty() || rope_layers[static_cast<std::size_t>(layer)];
   }
   /// The logit scale the model uses, when it is not the encoding's (Gemma: query_pre_attn_scalar^-1/2).
   [[nodiscard]] std::optional<double> scale() const {
@@ -420,6 +432,12 @@ struct model_attention_config {
     o.logit_softcap = attn_logit_softcapping;
     o.scale = scale();
     return o;
+  }
+
+ private:
+  void check_layer(index_t layer) const {
+    require(layer >= 0 && (num_hidden_layers == 0 || layer < num_hidden_layers), "layer",
+            "must be in [0, num_hidden_layers)", layer, " for ", num_hidden_layers, " layers");
   }
 };
 
@@ -450,16 +468,84 @@ inline void read_mla_heads(const json& cfg, model_attention_config& a) {
           "must give a finite, non-zero logit scale", m_all, " with factor ", factor);
 }
 
+/// The sliding window and its layers (attention_config_from_hf). `use_sliding_window` false turns the
+/// window off (Qwen2 / Qwen3 and SmolLM3 default to false: their sliding_window is unused without it).
+/// Which layers slide: layer_types when present; else Gemma 2 the even layers (Gemma2DecoderLayer);
+/// Qwen2 / Qwen3 (-MoE) the layers from max_window_layers on (default 28, Qwen2Config.layer_types); a
+/// model with a sliding_window_pattern P all but every P-th layer, (i + 1) % P != 0 (Gemma3DecoderLayer,
+/// Cohere2Attention; P defaults to 6 for Gemma 3, 4 for Cohere2); every other model every layer (Mistral).
+inline void read_window_layers(const json& cfg, model_attention_config& a) {
+  const std::string& mt = a.model_type;
+  // Llama 4's local layers attend within fixed chunks of attention_chunk_size tokens, not a window
+  // sliding with the query: no attention_options does that.
+  require(find_key(cfg, {"attention_chunk_size"}) == nullptr, "attention_chunk_size",
+          "chunked attention (Llama 4) is not supported");
+  a.sliding_window = get<index_t>(cfg, {"sliding_window", "sliding_window_size"}).value_or(0);
+  require(a.sliding_window >= 0, "sliding_window", "must be >= 0 or null", a.sliding_window);
+  const bool qwen = one_of(mt, {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"});
+  if (!get<bool>(cfg, {"use_sliding_window"}).value_or(!(qwen || mt == "smollm3"))) a.sliding_window = 0;
+  const index_t L = a.num_hidden_layers;
+  if (const json* types = find_key(cfg, {"layer_types"}); types) {
+    require(types->is_array(), "layer_types", "must be an array", types->dump());
+    require(L == 0 || static_cast<index_t>(types->size()) == L, "layer_types", "must have num_hidden_layers entries",
+            types->size(), " for ", L);
+    if (L == 0) a.num_hidden_layers = static_cast<index_t>(types->size());
+    for (const auto& t : *types) {
+      const std::string kind = as<std::string>(t, "layer_types");
+      require(kind == "sliding_attention" || kind == "full_attention", "layer_types",
+              "entries must be sliding_attention or full_attention", kind);
+      a.sliding_layers.push_back(kind == "sliding_attention");
+    }
+    return;
+  }
+  if (a.sliding_window == 0) return;
+  std::optional<index_t> pattern = get<index_t>(cfg, {"sliding_window_pattern"});
+  if (!pattern && one_of(mt, {"gemma3", "gemma3_text"})) pattern = 6;
+  if (!pattern && mt == "cohere2") pattern = 4;
+  if (mt != "gemma2" && !qwen && !pattern) return;  // every layer
+  require(L > 0, "num_hidden_layers", "is needed to tell the sliding layers of model_type " + mt);
+  if (pattern) require(*pattern > 0, "sliding_window_pattern", "must be > 0", *pattern);
+  const index_t first_window_layer = qwen ? get<index_t>(cfg, {"max_window_layers"}).value_or(28) : 0;
+  for (index_t i = 0; i < L; ++i)
+    a.sliding_layers.push_back(mt == "gemma2" ? i % 2 == 0 : qwen ? i >= first_window_layer : (i + 1) % *pattern != 0);
+}
+
+/// The layers that rotate (attention_config_from_hf, after read_window_layers). no_rope_layers (SmolLM3,
+/// Llama 4: 1 = RoPE, 0 = NoPE, an entry per layer at least); without it (None, or Llama 4's empty
+/// list) SmolLM3 and Llama 4 skip RoPE in every no_rope_layer_interval-th layer (default 4),
+/// (i + 1) % interval == 0 (SmolLM3Config, Llama4TextConfig). Cohere2 rotates only in its sliding
+/// layers (Cohere2Attention applies RoPE where the layer's sliding_window is set): none rotates when
+/// sliding_window is null.
+inline void read_rope_layers(const json& cfg, model_attention_config& a) {
+  const std::string& mt = a.model_type;
+  const index_t L = a.num_hidden_layers;
+  const json* list = find_key(cfg, {"no_rope_layers"});
+  const bool by_interval = one_of(mt, {"smollm3", "llama4", "llama4_text"});
+  if (list && !(list->is_array() && list->empty() && by_interval)) {
+    require(list->is_array(), "no_rope_layers", "must be a list of 0 / 1 per layer", list->dump().substr(0, 80));
+    require(L > 0 && static_cast<index_t>(list->size()) >= L, "no_rope_layers",
+            "must have an entry per layer (num_hidden_layers)", list->size(), " for ", L);
+    for (index_t i = 0; i < L; ++i)
+      a.rope_layers.push_back(as<index_t>((*list)[static_cast<std::size_t>(i)], "no_rope_layers") != 0);
+  } else if (by_interval) {
+    const index_t interval = get<index_t>(cfg, {"no_rope_layer_interval"}).value_or(4);
+    require(interval > 0, "no_rope_layer_interval", "must be > 0", interval);
+    require(L > 0, "num_hidden_layers", "is needed to tell the NoPE layers of model_type " + mt);
+    for (index_t i = 0; i < L; ++i) a.rope_layers.push_back((i + 1) % interval != 0);
+  } else if (mt == "cohere2") {
+    require(L > 0, "num_hidden_layers", "is needed to tell the rotating layers of model_type " + mt);
+    for (index_t i = 0; i < L; ++i) a.rope_layers.push_back(a.layer_window(i) > 0);
+  }
+}
+
 }  // namespace detail
 
 /// Reads model_attention_config from a config.json (a multimodal config's `text_config` when the
 /// top level has no num_attention_heads: Gemma 3). Head counts: Falcon without new_decoder_architecture
 /// and with multi_query (its default) has one kv head (FalconAttention); DeepSeek-V2/V3's MLA heads are
 /// qk_nope_head_dim + qk_rope_head_dim for q and k and v_head_dim for v. Which layers slide:
-///   layer_types (transformers >= 4.53: "sliding_attention" / "full_attention" per layer) when present;
-///   else Gemma 2: even layers (i % 2 == 0); Gemma 3: all but every sliding_window_pattern-th layer
-///   ((i + 1) % pattern != 0, default 6); Qwen2 / Qwen2-MoE / Qwen3: none unless use_sliding_window,
-///   then layers i >= max_window_layers; every other model: every layer (Mistral).
+/// detail::read_window_layers (layer_types, transformers >= 4.53, when present; else each model's rule);
+/// which rotate: detail::read_rope_layers.
 [[nodiscard]] inline model_attention_config attention_config_from_hf(const nlohmann::json& top) {
   using detail::get;
   require(top.is_object(), "config", "must be a JSON object");
@@ -486,30 +572,8 @@ inline void read_mla_heads(const json& cfg, model_attention_config& a) {
   require(a.num_hidden_layers >= 0 && a.num_hidden_layers <= 1'000'000, "num_hidden_layers", "must be in [0, 1000000]",
           a.num_hidden_layers);
 
-  a.sliding_window = get<index_t>(cfg, {"sliding_window", "sliding_window_size"}).value_or(0);
-  require(a.sliding_window >= 0, "sliding_window", "must be >= 0 or null", a.sliding_window);
-  const bool qwen = detail::one_of(mt, {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"});
-  if (qwen && !get<bool>(cfg, {"use_sliding_window"}).value_or(false)) a.sliding_window = 0;
-  const index_t L = a.num_hidden_layers;
-  if (const detail::json* types = detail::find_key(cfg, {"layer_types"}); types) {
-    require(types->is_array(), "layer_types", "must be an array", types->dump());
-    require(L == 0 || static_cast<index_t>(types->size()) == L, "layer_types", "must have num_hidden_layers entries",
-            types->size(), " for ", L);
-    if (L == 0) a.num_hidden_layers = static_cast<index_t>(types->size());
-    for (const auto& t : *types) {
-      const std::string kind = detail::as<std::string>(t, "layer_types");
-      require(kind == "sliding_attention" || kind == "full_attention", "layer_types",
-              "entries must be sliding_attention or full_attention", kind);
-      a.sliding_layers.push_back(kind == "sliding_attention");
-    }
-  } else if (a.sliding_window > 0 && (mt == "gemma2" || detail::one_of(mt, {"gemma3", "gemma3_text"}) || qwen)) {
-    require(L > 0, "num_hidden_layers", "is needed to tell the sliding layers of model_type " + mt);
-    const index_t pattern = get<index_t>(cfg, {"sliding_window_pattern"}).value_or(6);
-    require(pattern > 0, "sliding_window_pattern", "must be > 0", pattern);
-    const index_t first_window_layer = qwen ? get<index_t>(cfg, {"max_window_layers"}).value_or(0) : 0;
-    for (index_t i = 0; i < L; ++i)
-      a.sliding_layers.push_back(mt == "gemma2" ? i % 2 == 0 : qwen ? i >= first_window_layer : (i + 1) % pattern != 0);
-  }
+  detail::read_window_layers(cfg, a);
+  detail::read_rope_layers(cfg, a);
 
   a.attn_logit_softcapping = get<double>(cfg, {"attn_logit_softcapping"}).value_or(0.0);
   require(std::isfinite(a.attn_logit_softcapping) && a.attn_logit_softcapping >= 0.0, "attn_logit_softcapping",
@@ -525,9 +589,14 @@ inline void read_mla_heads(const json& cfg, model_attention_config& a) {
 /// The RoPE of layer `layer`: rope_config_from_hf(cfg) for a full-attention layer; for a sliding one
 /// (attention_config_from_hf(cfg).layer_window(layer) > 0) the rope block's sliding_attention entry
 /// when it is keyed by layer type (transformers v5), else Gemma 3's rope_local_base_freq without
-/// scaling (Gemma3TextModel.rotary_emb_local); every other model rotates all its layers alike.
+/// scaling (Gemma3TextModel.rotary_emb_local); every other model rotates all its layers alike. A NoPE
+/// layer (model_attention_config::layer_rotates false) is an error: it has no RoPE to build.
 [[nodiscard]] inline rope_config rope_config_from_hf(const nlohmann::json& cfg, index_t layer) {
   const model_attention_config a = attention_config_from_hf(cfg);
+  require(a.layer_rotates(layer), "layer",
+          "does not rotate its queries and keys (a NoPE layer, model_attention_config::layer_rotates): run it with "
+          "posenc::no_position",
+          layer, " of model_type ", a.model_type);
   return detail::rope_config_of(detail::text_part(cfg),
                                 a.layer_window(layer) > 0 ? "sliding_attention" : "full_attention");
 }
