@@ -734,6 +734,39 @@ TEST_CASE("hf_config: NoPE layers of SmolLM3 (no_rope_layers), Qwen's default ma
   for (posenc::index_t l = 0; l < 48; ++l) CHECK(la.layer_rotates(l) == ((l + 1) % 4 != 0));
 }
 
+TEST_CASE("hf_config: Granite's attention_multiplier is the logit scale; Granite 4.0-H is NoPE", "[io][hf_config]") {
+  // ibm-granite/granite-3.1-8b-instruct: GraniteAttention.scaling = attention_multiplier (1/128, where
+  // head_dim^-1/2 would be 1/11.3).
+  json g = json::parse(R"({"model_type": "granite", "hidden_size": 4096, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "num_hidden_layers": 40, "rope_theta": 10000000.0, "attention_multiplier": 0.0078125,
+    "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "logits_scaling": 16.0})");
+  const auto a = posenc::io::attention_config_from_hf(g);
+  REQUIRE(a.scale());
+  CHECK(*a.scale() == 0.0078125);
+  CHECK(*a.options(0).scale == 0.0078125);
+  CHECK(a.layer_rotates(39));
+  g.erase("attention_multiplier");  // GraniteConfig's default is 1, not head_dim^-1/2
+  CHECK(*posenc::io::attention_config_from_hf(g).scale() == 1.0);
+  g["attention_multiplier"] = -1.0;
+  CHECK_THROWS_WITH(posenc::io::attention_config_from_hf(g),
+                    Catch::Contains("attention_multiplier: must be finite and > 0"));
+
+  // ibm-granite/granite-4.0-h-tiny: layer_types name mamba and attention blocks (not windows), and
+  // position_embedding_type "nope": no layer rotates (GraniteMoeHybridModel.rotary_emb is None).
+  json h = json::parse(R"({"model_type": "granitemoehybrid", "hidden_size": 1536, "num_attention_heads": 12,
+    "num_key_value_heads": 4, "num_hidden_layers": 8, "attention_multiplier": 0.0078125,
+    "position_embedding_type": "nope", "rope_theta": 10000,
+    "layer_types": ["mamba", "mamba", "mamba", "attention", "mamba", "mamba", "mamba", "attention"]})");
+  const auto b = posenc::io::attention_config_from_hf(h);
+  CHECK(*b.scale() == 0.0078125);
+  for (posenc::index_t l = 0; l < 8; ++l) {
+    CHECK_FALSE(b.layer_rotates(l));
+    CHECK(b.layer_window(l) == 0);
+  }
+  h["position_embedding_type"] = "rope";
+  CHECK(posenc::io::attention_config_from_hf(h).layer_rotates(3));
+}
+
 TEST_CASE("hf_config: llama3 scaling needs original_max_position_embeddings in its block, as transformers",
           "[io][hf_config]") {
   json cfg = config("llama-3.1-8b");

@@ -13,8 +13,8 @@
 //   attention_config_from_hf  what a host needs besides the encoding (model_attention_config): heads,
 //                           kv heads, head_dim, the sliding window and which layers use it (Mistral,
 //                           Qwen2, Gemma 2/3, Cohere2, gpt-oss), which layers skip RoPE (Cohere2,
-//                           SmolLM3), Gemma 2's logit softcap and query_pre_attn_scalar, gpt-oss's
-//                           attention sinks
+//                           SmolLM3), Gemma 2's logit softcap and query_pre_attn_scalar, Granite's
+//                           attention_multiplier, gpt-oss's attention sinks
 // and `encoding_from_hf` picks the family from model_type and the keys present, through the table
 // `hf_families()`: a new family (Shaw, Transformer-XL, DeBERTa, TUPE) is one reader function plus one
 // row of that table, and one alternative of hf_encoding::config.
@@ -397,6 +397,9 @@ struct model_attention_config {
   double attn_logit_softcapping = 0.0;
   /// Gemma's query_pre_attn_scalar: the logit scale is query_pre_attn_scalar^-1/2, not head_dim^-1/2.
   std::optional<double> query_pre_attn_scalar{};
+  /// Granite's attention_multiplier (GraniteAttention: scaling = attention_multiplier, 1 by default):
+  /// the logit scale itself.
+  std::optional<double> attention_multiplier{};
   /// DeepSeek-V2/V3 with YaRN and mscale_all_dim: the logit scale is head_dim^-1/2 times this
   /// (yarn_get_mscale(factor, mscale_all_dim)^2, DeepseekV3Attention.scaling); 1 otherwise.
   double scale_factor = 1.0;
@@ -417,9 +420,11 @@ struct model_attention_config {
     check_layer(layer);
     return rope_layers.empty() || rope_layers[static_cast<std::size_t>(layer)];
   }
-  /// The logit scale the model uses, when it is not the encoding's (Gemma: query_pre_attn_scalar^-1/2).
+  /// The logit scale the model uses, when it is not the encoding's (Gemma: query_pre_attn_scalar^-1/2;
+  /// Granite: attention_multiplier).
   [[nodiscard]] std::optional<double> scale() const {
     if (query_pre_attn_scalar) return 1.0 / std::sqrt(*query_pre_attn_scalar);
+    if (attention_multiplier) return *attention_multiplier;
     if (scale_factor != 1.0) return scale_factor / std::sqrt(static_cast<double>(head_dim));
     return std::nullopt;
   }
@@ -485,7 +490,9 @@ inline void read_window_layers(const json& cfg, model_attention_config& a) {
   const bool qwen = one_of(mt, {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"});
   if (!get<bool>(cfg, {"use_sliding_window"}).value_or(!(qwen || mt == "smollm3"))) a.sliding_window = 0;
   const index_t L = a.num_hidden_layers;
-  if (const json* types = find_key(cfg, {"layer_types"}); types) {
+  // GraniteMoeHybrid's layer_types say which blocks are mamba and which attention; it has no window.
+  const json* types = mt == "granitemoehybrid" ? nullptr : find_key(cfg, {"layer_types"});
+  if (types) {
     require(types->is_array(), "layer_types", "must be an array", types->dump());
     require(L == 0 || static_cast<index_t>(types->size()) == L, "layer_types", "must have num_hidden_layers entries",
             types->size(), " for ", L);
@@ -515,7 +522,8 @@ inline void read_window_layers(const json& cfg, model_attention_config& a) {
 /// list) SmolLM3 and Llama 4 skip RoPE in every no_rope_layer_interval-th layer (default 4),
 /// (i + 1) % interval == 0 (SmolLM3Config, Llama4TextConfig). Cohere2 rotates only in its sliding
 /// layers (Cohere2Attention applies RoPE where the layer's sliding_window is set): none rotates when
-/// sliding_window is null.
+/// sliding_window is null. GraniteMoeHybrid rotates only with position_embedding_type "rope" (its
+/// default, None, is NoPE throughout: GraniteMoeHybridModel.rotary_emb).
 inline void read_rope_layers(const json& cfg, model_attention_config& a) {
   const std::string& mt = a.model_type;
   const index_t L = a.num_hidden_layers;
@@ -535,6 +543,9 @@ inline void read_rope_layers(const json& cfg, model_attention_config& a) {
   } else if (mt == "cohere2") {
     require(L > 0, "num_hidden_layers", "is needed to tell the rotating layers of model_type " + mt);
     for (index_t i = 0; i < L; ++i) a.rope_layers.push_back(a.layer_window(i) > 0);
+  } else if (mt == "granitemoehybrid" && get<std::string>(cfg, {"position_embedding_type"}).value_or("") != "rope") {
+    require(L > 0, "num_hidden_layers", "is needed to tell the rotating layers of model_type " + mt);
+    a.rope_layers.assign(static_cast<std::size_t>(L), false);
   }
 }
 
@@ -582,6 +593,11 @@ inline void read_rope_layers(const json& cfg, model_attention_config& a) {
   if (a.query_pre_attn_scalar)
     require(*a.query_pre_attn_scalar > 0.0 && std::isfinite(*a.query_pre_attn_scalar), "query_pre_attn_scalar",
             "must be finite and > 0", *a.query_pre_attn_scalar);
+  if (detail::one_of(mt, {"granite", "granitemoe", "granitemoeshared", "granitemoehybrid"})) {
+    a.attention_multiplier = get<double>(cfg, {"attention_multiplier"}).value_or(1.0);
+    require(*a.attention_multiplier > 0.0 && std::isfinite(*a.attention_multiplier), "attention_multiplier",
+            "must be finite and > 0", *a.attention_multiplier);
+  }
   a.has_sinks = mt == "gpt_oss";
   return a;
 }
