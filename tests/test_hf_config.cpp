@@ -595,45 +595,49 @@ TEST_CASE("hf_config: Gemma 3's sliding layers rotate with rope_local_base_freq,
 
 namespace {
 
-/// HF Cohere's rotation of one head vector at position p (CohereRotaryEmbedding, apply_rotary_pos_emb of
-/// modeling_cohere.py), written out in double: the frequencies repeat_interleaved (emb[j] = p theta_{j/2}),
-/// rotate_half pairing x[2i] with x[2i+1] (rot[2i] = -x[2i+1], rot[2i+1] = x[2i]), y = x cos + rot sin.
-std::vector<double> cohere_rotate(const std::vector<double>& x, double p, double base) {
-  const auto d = static_cast<int>(x.size());
-  const auto inv = plain_inv_freq(base, d);
-  std::vector<double> y(x.size());
-  for (int j = 0; j < d; ++j) {
+/// HF's interleaved rotation of one head vector at position p (apply_rotary_pos_emb of modeling_cohere.py
+/// and modeling_glm.py), written out in double over the first `rot` dims, the rest passed through: the
+/// frequencies base^(-2i/rot) repeat_interleaved (emb[j] = p theta_{j/2}), rotate_half pairing x[2i] with
+/// x[2i+1] (rot[2i] = -x[2i+1], rot[2i+1] = x[2i]), y = x cos + rot sin.
+std::vector<double> hf_interleaved_rotate(const std::vector<double>& x, double p, double base, int rot) {
+  const auto inv = plain_inv_freq(base, rot);
+  std::vector<double> y = x;
+  for (int j = 0; j < rot; ++j) {
     const double emb = p * inv[static_cast<std::size_t>(j / 2)];
-    const double rot = j % 2 == 0 ? -x[static_cast<std::size_t>(j + 1)] : x[static_cast<std::size_t>(j - 1)];
-    y[static_cast<std::size_t>(j)] = x[static_cast<std::size_t>(j)] * std::cos(emb) + rot * std::sin(emb);
+    const double r = j % 2 == 0 ? -x[static_cast<std::size_t>(j + 1)] : x[static_cast<std::size_t>(j - 1)];
+    y[static_cast<std::size_t>(j)] = x[static_cast<std::size_t>(j)] * std::cos(emb) + r * std::sin(emb);
   }
   return y;
 }
 
+/// rope_config `r` applied to one head vector at a few positions, against hf_interleaved_rotate.
+void check_interleaved_rotation(const posenc::rope_config& r, double base, int rot) {
+  CHECK(r.layout == posenc::rope_layout::interleaved);
+  const posenc::rope rope(r);
+  const auto d = static_cast<posenc::index_t>(r.head_dim);
+  std::vector<double> x(static_cast<std::size_t>(d));
+  for (std::size_t j = 0; j < x.size(); ++j) x[j] = std::sin(0.37 * static_cast<double>(j) + 0.1);
+  for (std::int64_t p : {1, 17, 1234, 131000}) {
+    INFO("position " << p);
+    std::vector<double> y = x;
+    rope.apply(posenc::bshd(y.data(), 1, 1, 1, d), posenc::positions_view(&p, 1, 1));
+    const auto want = hf_interleaved_rotate(x, static_cast<double>(p), base, rot);
+    // the angle's rounding grows with it (ulp of 131000 rad: 1.5e-11); a wrong pairing is off by O(1)
+    const double tol = 1e-14 * static_cast<double>(p + 1);
+    for (std::size_t j = 0; j < y.size(); ++j) CHECK(std::abs(y[j] - want[j]) <= tol);
+  }
+}
+
 }  // namespace
 
-TEST_CASE("hf_config: Cohere and Cohere2 rotate adjacent pairs; Cohere2's full layers are NoPE, every 4th",
+TEST_CASE("hf_config: Cohere, Cohere2 and GLM rotate adjacent pairs; Cohere2's full layers are NoPE, every 4th",
           "[io][hf_config]") {
   // CohereForAI/c4ai-command-r7b-12-2024 (transformers 4.48: sliding_window_pattern, no layer_types).
   json c2 = json::parse(R"({"architectures": ["Cohere2ForCausalLM"], "model_type": "cohere2", "hidden_size": 4096,
     "head_dim": 128, "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,
     "max_position_embeddings": 132096, "rope_theta": 50000, "rope_scaling": null, "sliding_window": 4096,
     "sliding_window_pattern": 4, "logit_scale": 0.25, "cache_implementation": "hybrid"})");
-  const auto r = posenc::io::rope_config_from_hf(c2);
-  CHECK(r.layout == posenc::rope_layout::interleaved);
-  // The rotation itself against HF's formula, at a few positions.
-  const posenc::rope rope(r);
-  std::vector<double> x(128);
-  for (std::size_t j = 0; j < x.size(); ++j) x[j] = std::sin(0.37 * static_cast<double>(j) + 0.1);
-  for (std::int64_t p : {1, 17, 1234, 131000}) {
-    INFO("position " << p);
-    std::vector<double> y = x;
-    rope.apply(posenc::bshd(y.data(), 1, 1, 1, 128), posenc::positions_view(&p, 1, 1));
-    const auto want = cohere_rotate(x, static_cast<double>(p), 50000.0);
-    // the angle's rounding grows with it (ulp of 131000 rad: 1.5e-11); a wrong pairing is off by O(1)
-    const double tol = 1e-14 * static_cast<double>(p + 1);
-    for (std::size_t j = 0; j < y.size(); ++j) CHECK(std::abs(y[j] - want[j]) <= tol);
-  }
+  check_interleaved_rotation(posenc::io::rope_config_from_hf(c2), 50000.0, 128);
 
   // Cohere2Attention: sliding_window where (layer_idx + 1) % sliding_window_pattern != 0, and RoPE only there.
   const auto check_layers = [](const posenc::io::model_attention_config& a) {
@@ -669,6 +673,19 @@ TEST_CASE("hf_config: Cohere and Cohere2 rotate adjacent pairs; Cohere2's full l
     "num_key_value_heads": 64, "num_hidden_layers": 40, "rope_theta": 8000000.0, "use_qk_norm": false})");
   CHECK(posenc::io::rope_config_from_hf(c1).layout == posenc::rope_layout::interleaved);
   CHECK(posenc::io::encoding_from_hf(c1).family == "rope");
+
+  // GLM-4 (THUDM/glm-4-9b-hf): the same pairs over the first half of each head, the rest unrotated.
+  json glm = json::parse(R"({"model_type": "glm", "hidden_size": 4096, "head_dim": 128, "num_attention_heads": 32,
+    "num_key_value_heads": 2, "num_hidden_layers": 40, "partial_rotary_factor": 0.5, "rope_theta": 10000.0,
+    "max_position_embeddings": 131072})");
+  check_interleaved_rotation(posenc::io::rope_config_from_hf(glm), 10000.0, 64);
+  for (const char* mt : {"glm4", "helium", "ernie4_5", "ernie4_5_moe"}) {
+    INFO(mt);
+    glm["model_type"] = mt;
+    CHECK(posenc::io::rope_config_from_hf(glm).layout == posenc::rope_layout::interleaved);
+  }
+  glm["model_type"] = "glm4_moe";  // GLM-4.5: Llama's rotate_half on the rotary part
+  CHECK(posenc::io::rope_config_from_hf(glm).layout == posenc::rope_layout::half);
   const auto a1 = posenc::io::attention_config_from_hf(c1);
   CHECK(a1.layer_rotates(39));
   CHECK(a1.layer_window(39) == 0);

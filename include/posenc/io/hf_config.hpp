@@ -255,14 +255,14 @@ namespace detail {
     r.head_dim = head_dim(cfg, "rope");
   }
   if (auto rd = get<index_t>(cfg, {"rotary_dim"}); rd && one_of(mt, {"gptj", "codegen"})) r.rotary_dim = *rd;
-  // Interleaved pairs: GPT-J / CodeGen (rotate_every_two); Cohere / Cohere2 (their rotate_half pairs
-  // x[2i] with x[2i+1] and CohereRotaryEmbedding repeat_interleaves the frequencies); Llama 4 and
-  // DeepSeek-V2 (complex pairs of adjacent dims, view_as_complex) and V3 unless rope_interleave is
-  // false (apply_rotary_pos_emb_interleave: q and k de-interleaved alike before rotate_half, so the
-  // scores are those of adjacent pairs).
-  const bool interleaved =
-      one_of(mt, {"gptj", "codegen", "cohere", "cohere2", "llama4", "llama4_text", "deepseek_v2"}) ||
-      (mt == "deepseek_v3" && get<bool>(cfg, {"rope_interleave"}).value_or(true));
+  // Interleaved pairs: GPT-J / CodeGen (rotate_every_two); Cohere / Cohere2, GLM / GLM-4, Helium and
+  // ERNIE 4.5 (their rotate_half pairs x[2i] with x[2i+1], the frequencies repeat_interleaved: modeling_cohere,
+  // modeling_glm); Llama 4 and DeepSeek-V2 (complex pairs of adjacent dims, view_as_complex) and V3
+  // unless rope_interleave is false (apply_rotary_pos_emb_interleave: q and k de-interleaved alike
+  // before rotate_half, so the scores are those of adjacent pairs). GLM-4.5 (glm4_moe) rotates halves.
+  const bool interleaved = one_of(mt, {"gptj", "codegen", "cohere", "cohere2", "glm", "glm4", "helium", "ernie4_5",
+                                       "ernie4_5_moe", "llama4", "llama4_text", "deepseek_v2"}) ||
+                           (mt == "deepseek_v3" && get<bool>(cfg, {"rope_interleave"}).value_or(true));
   r.layout = interleaved ? rope_layout::interleaved : rope_layout::half;
   r.max_position_embeddings = get<std::int64_t>(cfg, {"max_position_embeddings", "n_positions"});
 
