@@ -721,7 +721,10 @@ TEST_CASE("hf_config: NoPE layers of SmolLM3 (no_rope_layers), Qwen's default ma
   off.erase("layer_types");
   off["sliding_window"] = 4096;
   CHECK(posenc::io::attention_config_from_hf(off).layer_window(0) == 0);
-  off["use_sliding_window"] = true;
+  off["use_sliding_window"] = true;  // SmolLM3Config would then slide the NoPE layers: ask for layer_types
+  CHECK_THROWS_WITH(posenc::io::attention_config_from_hf(off),
+                    Catch::Contains("layer_types: are needed to tell the sliding layers of model_type smollm3"));
+  off["layer_types"] = std::vector<std::string>(36, "sliding_attention");
   CHECK(posenc::io::attention_config_from_hf(off).layer_window(0) == 4096);
   json short_list = s;
   short_list["no_rope_layers"] = std::vector<int>(35, 1);
@@ -751,7 +754,8 @@ TEST_CASE("hf_config: NoPE layers of SmolLM3 (no_rope_layers), Qwen's default ma
   for (posenc::index_t l = 0; l < 48; ++l) CHECK(la.layer_rotates(l) == ((l + 1) % 4 != 0));
 }
 
-TEST_CASE("hf_config: Granite's attention_multiplier is the logit scale; Granite 4.0-H is NoPE", "[io][hf_config]") {
+TEST_CASE("hf_config: logit scales set outright (Granite's attention_multiplier, Gemma 3n); Granite 4.0-H is NoPE",
+          "[io][hf_config]") {
   // ibm-granite/granite-3.1-8b-instruct: GraniteAttention.scaling = attention_multiplier (1/128, where
   // head_dim^-1/2 would be 1/11.3).
   json g = json::parse(R"({"model_type": "granite", "hidden_size": 4096, "num_attention_heads": 32,
@@ -768,7 +772,7 @@ TEST_CASE("hf_config: Granite's attention_multiplier is the logit scale; Granite
   CHECK_THROWS_WITH(posenc::io::attention_config_from_hf(g),
                     Catch::Contains("attention_multiplier: must be finite and > 0"));
 
-  // ibm-granite/granite-4.0-h-tiny: layer_types name mamba and attention blocks (not windows), and
+  // ibm-granite/granite-4.0-h-tiny: layer_types name mamba and attention blocks (no window), and
   // position_embedding_type "nope": no layer rotates (GraniteMoeHybridModel.rotary_emb is None).
   json h = json::parse(R"({"model_type": "granitemoehybrid", "hidden_size": 1536, "num_attention_heads": 12,
     "num_key_value_heads": 4, "num_hidden_layers": 8, "attention_multiplier": 0.0078125,
@@ -782,6 +786,23 @@ TEST_CASE("hf_config: Granite's attention_multiplier is the logit scale; Granite
   }
   h["position_embedding_type"] = "rope";
   CHECK(posenc::io::attention_config_from_hf(h).layer_rotates(3));
+  // Qwen/Qwen3-Next-80B-A3B: linear-attention blocks between the full-attention layers.
+  json next = json::parse(R"({"model_type": "qwen3_next", "hidden_size": 2048, "head_dim": 256,
+    "num_attention_heads": 16, "num_key_value_heads": 2, "num_hidden_layers": 4, "partial_rotary_factor": 0.25,
+    "rope_theta": 10000000, "layer_types": ["linear_attention", "linear_attention", "linear_attention",
+    "full_attention"]})");
+  const auto nx = posenc::io::attention_config_from_hf(next);
+  CHECK(nx.layer_window(3) == 0);
+  CHECK(nx.layer_rotates(3));
+  CHECK(posenc::rope(posenc::io::rope_config_from_hf(next, 3)).rotary_dim() == 64);
+
+  // google/gemma-3n-E4B: Gemma3nTextAttention.scaling is 1 (q and k are RMS-normed), whatever a
+  // query_pre_attn_scalar in the config says.
+  const json n = json::parse(R"({"model_type": "gemma3n", "text_config": {"model_type": "gemma3n_text",
+    "hidden_size": 2048, "head_dim": 256, "num_attention_heads": 8, "num_key_value_heads": 2,
+    "num_hidden_layers": 35, "query_pre_attn_scalar": 256, "sliding_window": 512, "rope_theta": 1000000.0,
+    "rope_local_base_freq": 10000.0}})");
+  CHECK(*posenc::io::attention_config_from_hf(n).scale() == 1.0);
 }
 
 TEST_CASE("hf_config: llama3 scaling needs original_max_position_embeddings in its block, as transformers",

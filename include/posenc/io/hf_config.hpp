@@ -13,8 +13,8 @@
 //   attention_config_from_hf  what a host needs besides the encoding (model_attention_config): heads,
 //                           kv heads, head_dim, the sliding window and which layers use it (Mistral,
 //                           Qwen2, Gemma 2/3, Cohere2, gpt-oss), which layers skip RoPE (Cohere2,
-//                           SmolLM3), Gemma 2's logit softcap and query_pre_attn_scalar, Granite's
-//                           attention_multiplier, gpt-oss's attention sinks
+//                           SmolLM3), Gemma 2's logit softcap, the logit scale where a model sets its
+//                           own (Gemma, Gemma 3n, Granite, DeepSeek), gpt-oss's attention sinks
 // and `encoding_from_hf` picks the family from model_type and the keys present, through the table
 // `hf_families()`: a new family (Shaw, Transformer-XL, DeBERTa, TUPE) is one reader function plus one
 // row of that table, and one alternative of hf_encoding::config.
@@ -397,9 +397,10 @@ struct model_attention_config {
   double attn_logit_softcapping = 0.0;
   /// Gemma's query_pre_attn_scalar: the logit scale is query_pre_attn_scalar^-1/2, not head_dim^-1/2.
   std::optional<double> query_pre_attn_scalar{};
-  /// Granite's attention_multiplier (GraniteAttention: scaling = attention_multiplier, 1 by default):
-  /// the logit scale itself.
-  std::optional<double> attention_multiplier{};
+  /// The logit scale where the model's attention sets it outright: Granite's attention_multiplier
+  /// (GraniteAttention.scaling, 1 by default); Gemma 3n's 1 (Gemma3nTextAttention.scaling: its q and k
+  /// are RMS-normed instead).
+  std::optional<double> logit_scale{};
   /// DeepSeek-V2/V3 with YaRN and mscale_all_dim: the logit scale is head_dim^-1/2 times this
   /// (yarn_get_mscale(factor, mscale_all_dim)^2, DeepseekV3Attention.scaling); 1 otherwise.
   double scale_factor = 1.0;
@@ -421,10 +422,10 @@ struct model_attention_config {
     return rope_layers.empty() || rope_layers[static_cast<std::size_t>(layer)];
   }
   /// The logit scale the model uses, when it is not the encoding's (Gemma: query_pre_attn_scalar^-1/2;
-  /// Granite: attention_multiplier).
+  /// Granite and Gemma 3n: logit_scale).
   [[nodiscard]] std::optional<double> scale() const {
+    if (logit_scale) return *logit_scale;
     if (query_pre_attn_scalar) return 1.0 / std::sqrt(*query_pre_attn_scalar);
-    if (attention_multiplier) return *attention_multiplier;
     if (scale_factor != 1.0) return scale_factor / std::sqrt(static_cast<double>(head_dim));
     return std::nullopt;
   }
@@ -490,22 +491,29 @@ inline void read_window_layers(const json& cfg, model_attention_config& a) {
   const bool qwen = one_of(mt, {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"});
   if (!get<bool>(cfg, {"use_sliding_window"}).value_or(!(qwen || mt == "smollm3"))) a.sliding_window = 0;
   const index_t L = a.num_hidden_layers;
-  // GraniteMoeHybrid's layer_types say which blocks are mamba and which attention; it has no window.
-  const json* types = mt == "granitemoehybrid" ? nullptr : find_key(cfg, {"layer_types"});
-  if (types) {
+  if (const json* types = find_key(cfg, {"layer_types"}); types) {
     require(types->is_array(), "layer_types", "must be an array", types->dump());
     require(L == 0 || static_cast<index_t>(types->size()) == L, "layer_types", "must have num_hidden_layers entries",
             types->size(), " for ", L);
     if (L == 0) a.num_hidden_layers = static_cast<index_t>(types->size());
     for (const auto& t : *types) {
+      // Besides the two attention kinds: GraniteMoeHybrid's "attention" (full) and the blocks of hybrid
+      // models that are not attention at all (Qwen3-Next's and MiniMax's linear_attention, GraniteMoeHybrid's
+      // mamba, LFM2's conv), which have no window. Any other kind may mask in a way posenc does not
+      // (Llama 4's chunked_attention): an error, not a full layer.
       const std::string kind = as<std::string>(t, "layer_types");
-      require(kind == "sliding_attention" || kind == "full_attention", "layer_types",
-              "entries must be sliding_attention or full_attention", kind);
+      require(one_of(kind, {"sliding_attention", "full_attention", "attention", "linear_attention", "mamba", "conv"}),
+              "layer_types",
+              "entries must be sliding_attention or full_attention (or a block that is not attention: "
+              "linear_attention, mamba, conv)",
+              kind);
       a.sliding_layers.push_back(kind == "sliding_attention");
     }
     return;
   }
   if (a.sliding_window == 0) return;
+  // SmolLM3Config slides only its NoPE layers when it derives layer_types itself; its configs carry them.
+  require(mt != "smollm3", "layer_types", "are needed to tell the sliding layers of model_type smollm3");
   std::optional<index_t> pattern = get<index_t>(cfg, {"sliding_window_pattern"});
   if (!pattern && one_of(mt, {"gemma3", "gemma3_text"})) pattern = 6;
   if (!pattern && mt == "cohere2") pattern = 4;
@@ -594,10 +602,11 @@ inline void read_rope_layers(const json& cfg, model_attention_config& a) {
     require(*a.query_pre_attn_scalar > 0.0 && std::isfinite(*a.query_pre_attn_scalar), "query_pre_attn_scalar",
             "must be finite and > 0", *a.query_pre_attn_scalar);
   if (detail::one_of(mt, {"granite", "granitemoe", "granitemoeshared", "granitemoehybrid"})) {
-    a.attention_multiplier = get<double>(cfg, {"attention_multiplier"}).value_or(1.0);
-    require(*a.attention_multiplier > 0.0 && std::isfinite(*a.attention_multiplier), "attention_multiplier",
-            "must be finite and > 0", *a.attention_multiplier);
+    a.logit_scale = get<double>(cfg, {"attention_multiplier"}).value_or(1.0);
+    require(*a.logit_scale > 0.0 && std::isfinite(*a.logit_scale), "attention_multiplier", "must be finite and > 0",
+            *a.logit_scale);
   }
+  if (detail::one_of(mt, {"gemma3n", "gemma3n_text"})) a.logit_scale = 1.0;
   a.has_sinks = mt == "gpt_oss";
   return a;
 }
