@@ -673,6 +673,9 @@ TEST_CASE("hf_config: Cohere, Cohere2 and GLM rotate adjacent pairs; Cohere2's f
     "num_key_value_heads": 64, "num_hidden_layers": 40, "rope_theta": 8000000.0, "use_qk_norm": false})");
   CHECK(posenc::io::rope_config_from_hf(c1).layout == posenc::rope_layout::interleaved);
   CHECK(posenc::io::encoding_from_hf(c1).family == "rope");
+  const auto a1 = posenc::io::attention_config_from_hf(c1);
+  CHECK(a1.layer_rotates(39));
+  CHECK(a1.layer_window(39) == 0);
 
   // GLM-4 (THUDM/glm-4-9b-hf): the same pairs over the first half of each head, the rest unrotated.
   json glm = json::parse(R"({"model_type": "glm", "hidden_size": 4096, "head_dim": 128, "num_attention_heads": 32,
@@ -686,12 +689,9 @@ TEST_CASE("hf_config: Cohere, Cohere2 and GLM rotate adjacent pairs; Cohere2's f
   }
   glm["model_type"] = "glm4_moe";  // GLM-4.5: Llama's rotate_half on the rotary part
   CHECK(posenc::io::rope_config_from_hf(glm).layout == posenc::rope_layout::half);
-  const auto a1 = posenc::io::attention_config_from_hf(c1);
-  CHECK(a1.layer_rotates(39));
-  CHECK(a1.layer_window(39) == 0);
 }
 
-TEST_CASE("hf_config: NoPE layers of SmolLM3 (no_rope_layers), Qwen's default max_window_layers, Llama 4",
+TEST_CASE("hf_config: NoPE layers (SmolLM3, Llama 4), Qwen2's max_window_layers, Qwen3-Next's linear blocks",
           "[io][hf_config]") {
   // HuggingFaceTB/SmolLM3-3B: no_rope_layers, 1 = RoPE; layer_types all full; use_sliding_window false.
   json s = json::parse(R"({"model_type": "smollm3", "hidden_size": 2048, "num_attention_heads": 16,
@@ -737,6 +737,16 @@ TEST_CASE("hf_config: NoPE layers of SmolLM3 (no_rope_layers), Qwen's default ma
     "num_key_value_heads": 4, "num_hidden_layers": 32, "sliding_window": 4096, "use_sliding_window": true})");
   const auto qa = posenc::io::attention_config_from_hf(q);
   for (posenc::index_t l = 0; l < 32; ++l) CHECK(qa.layer_window(l) == (l >= 28 ? 4096 : 0));
+
+  // Qwen/Qwen3-Next-80B-A3B: linear-attention blocks between the full-attention layers.
+  json next = json::parse(R"({"model_type": "qwen3_next", "hidden_size": 2048, "head_dim": 256,
+    "num_attention_heads": 16, "num_key_value_heads": 2, "num_hidden_layers": 4, "partial_rotary_factor": 0.25,
+    "rope_theta": 10000000, "layer_types": ["linear_attention", "linear_attention", "linear_attention",
+    "full_attention"]})");
+  const auto nx = posenc::io::attention_config_from_hf(next);
+  CHECK(nx.layer_window(3) == 0);
+  CHECK(nx.layer_rotates(3));
+  CHECK(posenc::rope(posenc::io::rope_config_from_hf(next, 3)).rotary_dim() == 64);
 
   // Llama 4 (text_config of meta-llama/Llama-4-Scout-17B-16E): complex pairs of adjacent dims
   // (apply_rotary_emb's view_as_complex), and chunked local attention, which posenc has no option for.
@@ -786,15 +796,6 @@ TEST_CASE("hf_config: logit scales set outright (Granite's attention_multiplier,
   }
   h["position_embedding_type"] = "rope";
   CHECK(posenc::io::attention_config_from_hf(h).layer_rotates(3));
-  // Qwen/Qwen3-Next-80B-A3B: linear-attention blocks between the full-attention layers.
-  json next = json::parse(R"({"model_type": "qwen3_next", "hidden_size": 2048, "head_dim": 256,
-    "num_attention_heads": 16, "num_key_value_heads": 2, "num_hidden_layers": 4, "partial_rotary_factor": 0.25,
-    "rope_theta": 10000000, "layer_types": ["linear_attention", "linear_attention", "linear_attention",
-    "full_attention"]})");
-  const auto nx = posenc::io::attention_config_from_hf(next);
-  CHECK(nx.layer_window(3) == 0);
-  CHECK(nx.layer_rotates(3));
-  CHECK(posenc::rope(posenc::io::rope_config_from_hf(next, 3)).rotary_dim() == 64);
 
   // google/gemma-3n-E4B: Gemma3nTextAttention.scaling is 1 (q and k are RMS-normed), whatever a
   // query_pre_attn_scalar in the config says.
