@@ -794,8 +794,13 @@ TEST_CASE("hf_config: logit scales set outright (Granite's attention_multiplier,
     CHECK_FALSE(b.layer_rotates(l));
     CHECK(b.layer_window(l) == 0);
   }
+  // It carries rope_theta all the same: the RoPE readers refuse it rather than return one.
+  CHECK_THROWS_WITH(posenc::io::rope_config_from_hf(h),
+                    Catch::Contains("position_embedding_type: is not rope: the model rotates no layer"));
+  CHECK_THROWS_WITH(posenc::io::encoding_from_hf(h), Catch::Contains("position_embedding_type: is not rope"));
   h["position_embedding_type"] = "rope";
   CHECK(posenc::io::attention_config_from_hf(h).layer_rotates(3));
+  CHECK(posenc::io::encoding_from_hf(h).family == "rope");
 
   // google/gemma-3n-E4B: Gemma3nTextAttention.scaling is 1 (q and k are RMS-normed), whatever a
   // query_pre_attn_scalar in the config says.

@@ -217,6 +217,14 @@ inline constexpr std::string_view supported_rope_types = "default, linear, dynam
 
 namespace detail {
 
+/// Whether `cfg` (the text part) is a GraniteMoeHybrid that rotates no layer: it carries rope_theta
+/// either way, and applies RoPE only with position_embedding_type "rope" (GraniteMoeHybridModel.rotary_emb;
+/// the default, None, and the 4.0-H checkpoints' "nope" are NoPE throughout).
+[[nodiscard]] inline bool granite_hybrid_without_rope(const json& cfg) {
+  return model_type(cfg) == "granitemoehybrid" &&
+         get<std::string>(cfg, {"position_embedding_type"}).value_or("") != "rope";
+}
+
 /// rope_config_from_hf for the layers of `layer_kind` ("full_attention" or "sliding_attention") of `cfg`
 /// (already the text part).
 [[nodiscard]] inline rope_config rope_config_of(const json& cfg, std::string_view layer_kind) {
@@ -225,6 +233,9 @@ namespace detail {
   const json none;
   const json& b = block ? *block : none;
   const std::string mt = model_type(cfg);
+  require(!granite_hybrid_without_rope(cfg), "position_embedding_type",
+          "is not rope: the model rotates no layer (run it with posenc::no_position)",
+          get<std::string>(cfg, {"position_embedding_type"}).value_or("null"), " for model_type ", mt);
 
   rope_config r;
   r.scaling = rope_scaling_from_hf(b);
@@ -530,8 +541,8 @@ inline void read_window_layers(const json& cfg, model_attention_config& a) {
 /// list) SmolLM3 and Llama 4 skip RoPE in every no_rope_layer_interval-th layer (default 4),
 /// (i + 1) % interval == 0 (SmolLM3Config, Llama4TextConfig). Cohere2 rotates only in its sliding
 /// layers (Cohere2Attention applies RoPE where the layer's sliding_window is set): none rotates when
-/// sliding_window is null. GraniteMoeHybrid rotates only with position_embedding_type "rope" (its
-/// default, None, is NoPE throughout: GraniteMoeHybridModel.rotary_emb).
+/// sliding_window is null. GraniteMoeHybrid rotates only with position_embedding_type "rope"
+/// (granite_hybrid_without_rope).
 inline void read_rope_layers(const json& cfg, model_attention_config& a) {
   const std::string& mt = a.model_type;
   const index_t L = a.num_hidden_layers;
@@ -551,7 +562,7 @@ inline void read_rope_layers(const json& cfg, model_attention_config& a) {
   } else if (mt == "cohere2") {
     require(L > 0, "num_hidden_layers", "is needed to tell the rotating layers of model_type " + mt);
     for (index_t i = 0; i < L; ++i) a.rope_layers.push_back(a.layer_window(i) > 0);
-  } else if (mt == "granitemoehybrid" && get<std::string>(cfg, {"position_embedding_type"}).value_or("") != "rope") {
+  } else if (granite_hybrid_without_rope(cfg)) {
     require(L > 0, "num_hidden_layers", "is needed to tell the rotating layers of model_type " + mt);
     a.rope_layers.assign(static_cast<std::size_t>(L), false);
   }
