@@ -662,6 +662,13 @@ TEST_CASE("hf_config: Cohere, Cohere2 and GLM rotate adjacent pairs; Cohere2's f
   CHECK_THROWS_WITH(posenc::io::rope_config_from_hf(c2, 3),
                     Catch::Contains("layer: does not rotate its queries and keys (a NoPE layer") &&
                         Catch::Contains("(got 3 of model_type cohere2)"));
+  json no_count = c2;  // the pattern needs the layer count
+  no_count.erase("num_hidden_layers");
+  CHECK_THROWS_WITH(posenc::io::attention_config_from_hf(no_count),
+                    Catch::Contains("num_hidden_layers: is needed to tell the sliding layers of model_type cohere2"));
+  no_count["sliding_window"] = nullptr;  // no window: the rotating layers need it all the same
+  CHECK_THROWS_WITH(posenc::io::attention_config_from_hf(no_count),
+                    Catch::Contains("num_hidden_layers: is needed to tell the rotating layers of model_type cohere2"));
   json no_window = c2;  // Cohere2Attention rotates only where a window is set: with none, no layer does
   no_window["sliding_window"] = nullptr;
   const auto nw = posenc::io::attention_config_from_hf(no_window);
@@ -716,6 +723,10 @@ TEST_CASE("hf_config: NoPE layers (SmolLM3, Llama 4), Qwen2's max_window_layers,
   by_interval["no_rope_layer_interval"] = 3;
   const auto b = posenc::io::attention_config_from_hf(by_interval);
   for (posenc::index_t l = 0; l < 36; ++l) CHECK(b.layer_rotates(l) == ((l + 1) % 3 != 0));
+  by_interval.erase("num_hidden_layers");
+  by_interval.erase("layer_types");
+  CHECK_THROWS_WITH(posenc::io::attention_config_from_hf(by_interval),
+                    Catch::Contains("num_hidden_layers: is needed to tell the NoPE layers of model_type smollm3"));
   // use_sliding_window false keeps a configured window off (no layer_types to say otherwise).
   json off = s;
   off.erase("layer_types");

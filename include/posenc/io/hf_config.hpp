@@ -485,6 +485,17 @@ inline void read_mla_heads(const json& cfg, model_attention_config& a) {
           "must give a finite, non-zero logit scale", m_all, " with factor ", factor);
 }
 
+/// rule(i) for each layer of `a`, whose num_hidden_layers must then be known (`which`: the layers the
+/// list tells, for the error).
+template <class Rule>
+[[nodiscard]] std::vector<bool> per_layer(const model_attention_config& a, std::string_view which, Rule rule) {
+  require(a.num_hidden_layers > 0, "num_hidden_layers",
+          posenc::detail::concat("is needed to tell the ", which, " layers of model_type ", a.model_type));
+  std::vector<bool> v(static_cast<std::size_t>(a.num_hidden_layers));
+  for (index_t i = 0; i < a.num_hidden_layers; ++i) v[static_cast<std::size_t>(i)] = rule(i);
+  return v;
+}
+
 /// The sliding window and its layers (attention_config_from_hf). `use_sliding_window` false turns the
 /// window off (Qwen2 / Qwen3 and SmolLM3 default to false: their sliding_window is unused without it).
 /// Which layers slide: layer_types when present; else Gemma 2 the even layers (Gemma2DecoderLayer);
@@ -529,11 +540,13 @@ inline void read_window_layers(const json& cfg, model_attention_config& a) {
   if (!pattern && one_of(mt, {"gemma3", "gemma3_text"})) pattern = 6;
   if (!pattern && mt == "cohere2") pattern = 4;
   if (mt != "gemma2" && !qwen && !pattern) return;  // every layer
-  require(L > 0, "num_hidden_layers", "is needed to tell the sliding layers of model_type " + mt);
   if (pattern) require(*pattern > 0, "sliding_window_pattern", "must be > 0", *pattern);
   const index_t first_window_layer = qwen ? get<index_t>(cfg, {"max_window_layers"}).value_or(28) : 0;
-  for (index_t i = 0; i < L; ++i)
-    a.sliding_layers.push_back(mt == "gemma2" ? i % 2 == 0 : qwen ? i >= first_window_layer : (i + 1) % *pattern != 0);
+  a.sliding_layers = per_layer(a, "sliding", [&](index_t i) {
+    if (mt == "gemma2") return i % 2 == 0;
+    if (qwen) return i >= first_window_layer;
+    return (i + 1) % *pattern != 0;
+  });
 }
 
 /// The layers that rotate (attention_config_from_hf, after read_window_layers). no_rope_layers (SmolLM3,
@@ -548,23 +561,21 @@ inline void read_rope_layers(const json& cfg, model_attention_config& a) {
   const index_t L = a.num_hidden_layers;
   const json* list = find_key(cfg, {"no_rope_layers"});
   const bool by_interval = one_of(mt, {"smollm3", "llama4", "llama4_text"});
-  if (list && !(list->is_array() && list->empty() && by_interval)) {
+  const bool default_list = by_interval && list && list->is_array() && list->empty();  // Llama 4's []
+  if (list && !default_list) {
     require(list->is_array(), "no_rope_layers", "must be a list of 0 / 1 per layer", list->dump().substr(0, 80));
     require(L > 0 && static_cast<index_t>(list->size()) >= L, "no_rope_layers",
             "must have an entry per layer (num_hidden_layers)", list->size(), " for ", L);
-    for (index_t i = 0; i < L; ++i)
-      a.rope_layers.push_back(as<index_t>((*list)[static_cast<std::size_t>(i)], "no_rope_layers") != 0);
+    a.rope_layers = per_layer(
+        a, "NoPE", [&](index_t i) { return as<index_t>((*list)[static_cast<std::size_t>(i)], "no_rope_layers") != 0; });
   } else if (by_interval) {
     const index_t interval = get<index_t>(cfg, {"no_rope_layer_interval"}).value_or(4);
     require(interval > 0, "no_rope_layer_interval", "must be > 0", interval);
-    require(L > 0, "num_hidden_layers", "is needed to tell the NoPE layers of model_type " + mt);
-    for (index_t i = 0; i < L; ++i) a.rope_layers.push_back((i + 1) % interval != 0);
+    a.rope_layers = per_layer(a, "NoPE", [&](index_t i) { return (i + 1) % interval != 0; });
   } else if (mt == "cohere2") {
-    require(L > 0, "num_hidden_layers", "is needed to tell the rotating layers of model_type " + mt);
-    for (index_t i = 0; i < L; ++i) a.rope_layers.push_back(a.layer_window(i) > 0);
+    a.rope_layers = per_layer(a, "rotating", [&](index_t i) { return a.layer_window(i) > 0; });
   } else if (granite_hybrid_without_rope(cfg)) {
-    require(L > 0, "num_hidden_layers", "is needed to tell the rotating layers of model_type " + mt);
-    a.rope_layers.assign(static_cast<std::size_t>(L), false);
+    a.rope_layers = per_layer(a, "rotating", [](index_t) { return false; });
   }
 }
 
