@@ -206,7 +206,7 @@ struct fused_case {
 };
 
 template <class T>
-void run_fused(const fused_case& fc) {
+void run_fused(const fused_case& fc, double slope_scale = 1.0) {
   INFO(fc.what);
   const auto qd = test_util::randn(static_cast<std::size_t>(fc.B * fc.Sq * fc.H * fc.D), 11);
   const auto kd = test_util::randn(static_cast<std::size_t>(fc.B * fc.Sk * fc.Hkv * fc.D), 12);
@@ -221,7 +221,7 @@ void run_fused(const fused_case& fc) {
   const auto slopes = press_slopes(static_cast<int>(fc.H));
   posenc::reference_terms<double> terms;
   terms.bias = [&](idx, idx h, idx i, idx j) {
-    return closed_bias(fc.form, slopes[static_cast<std::size_t>(h)], fc.q_offset + i, j);
+    return closed_bias(fc.form, slope_scale * slopes[static_cast<std::size_t>(h)], fc.q_offset + i, j);
   };
   std::vector<double> want(static_cast<std::size_t>(fc.B * fc.Sq * fc.H * fc.D));
   posenc::reference_attention<double>(posenc::bshd(qd.data(), fc.B, fc.Sq, fc.H, fc.D),
@@ -231,7 +231,7 @@ void run_fused(const fused_case& fc) {
 
   const std::vector<T> q(qd.begin(), qd.end()), k(kd.begin(), kd.end()), v(vd.begin(), vd.end());
   std::vector<T> got(want.size(), T(-7));
-  posenc::alibi enc({.heads = fc.H, .form = fc.form});
+  posenc::alibi enc({.heads = fc.H, .form = fc.form, .slope_scale = slope_scale});
   opt.q_block = 16;
   opt.k_block = 32;
   posenc::attention<T>(
@@ -255,6 +255,21 @@ TEMPLATE_TEST_CASE("alibi: fused kernel equals the reference with the bias mater
       {"MQA 12/1 symmetric, non-power-of-two heads", 1, 33, 33, 12, 1, 8, alibi_form::symmetric, false, 0, true},
   };
   for (const auto& fc : cases) run_fused<TestType>(fc);
+}
+
+// Falcon adds the bias before its logit scale, (q k^T + m (k - q)) d^-1/2 (FalconAttention): the slopes
+// times d^-1/2, added after the scale.
+TEMPLATE_TEST_CASE("alibi: slope_scale multiplies every slope (Falcon's bias before the scale)", "[alibi][kernel]",
+                   float, double) {
+  run_fused<TestType>({"Falcon-style, d = 64", 2, 37, 37, 8, 8, 64, alibi_form::causal, true, 0, true}, 1.0 / 8.0);
+  run_fused<TestType>({"decode step, 12 heads, d = 16", 1, 1, 50, 12, 4, 16, alibi_form::causal, true, 49, false},
+                      0.25);
+  const posenc::alibi a({.heads = 8, .slope_scale = 0.125});
+  const auto want = press_slopes(8);
+  for (idx h = 0; h < 8; ++h) CHECK(a.slope(h) == want[static_cast<std::size_t>(h)] * 0.125);
+  for (double bad : {0.0, -1.0, std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN()})
+    CHECK_THROWS_WITH(posenc::alibi({.heads = 4, .slope_scale = bad}),
+                      Catch::Contains("slope_scale: must be finite and > 0"));
 }
 
 TEST_CASE("alibi: a head count that differs from the call's is an error before any write", "[alibi][errors]") {

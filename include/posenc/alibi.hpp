@@ -9,6 +9,8 @@
 //   head h <  n:  m_h = 2^(-max_bias (h+1) / n)
 //   head h >= n:  m_h = 2^(-(max_bias/2) (2(h-n)+1) / n)   (every other slope of the 2n series)
 // max_bias = 8 is the paper's; ggml exposes other values (m0 = 2^(-max_bias/n), m1 = 2^(-max_bias/2/n)).
+// slope_scale multiplies every slope: Falcon adds the bias before the 1/sqrt(d) scale
+// (modeling_falcon.py FalconAttention: (q k^T + alibi) * inv_norm_factor), so its slopes are m_h / sqrt(d).
 //
 // Forms (golden FORMAT.md 5.4), with q, k the absolute positions:
 //   causal        -m (q - k)     the paper's form (equal to key_position under a causal softmax)
@@ -41,6 +43,8 @@ struct alibi_config {
   index_t heads = 0;
   double max_bias = 8.0;
   alibi_form form = alibi_form::causal;
+  /// Multiplies every slope (1: the paper's and BLOOM's; Falcon: head_dim^-1/2).
+  double slope_scale = 1.0;
 };
 
 /// The ALiBi slope of every head (Press et al. / BLOOM get_slopes; ggml's max_bias family).
@@ -62,7 +66,11 @@ struct alibi_config {
 
 class alibi {
  public:
-  explicit alibi(const alibi_config& config) : config_(config), slopes_(alibi_slopes(config.heads, config.max_bias)) {}
+  explicit alibi(const alibi_config& config) : config_(config), slopes_(alibi_slopes(config.heads, config.max_bias)) {
+    require(std::isfinite(config.slope_scale) && config.slope_scale > 0.0, "slope_scale", "must be finite and > 0",
+            config.slope_scale);
+    for (double& m : slopes_) m *= config.slope_scale;
+  }
 
   [[nodiscard]] const alibi_config& config() const { return config_; }
   [[nodiscard]] index_t heads() const { return config_.heads; }
