@@ -843,3 +843,54 @@ TEST_CASE("hf_config: a whole-number float beyond the integer range is an error 
       R"({"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32, "max_position_embeddings": 4096.0})");
   CHECK(posenc::io::rope_config_from_hf(ok).max_position_embeddings == 4096);
 }
+
+TEST_CASE(
+    "hf_config: kv heads of StarCoder (multi_query) and DBRX (attn_config); JetMoE, Zamba2, Doge, DiffLlama refused",
+    "[io][hf_config]") {
+  // bigcode/starcoderbase: GPTBigCodeAttention has kv_heads = 1 if multi_query (default true) else n_head; its
+  // config has no num_key_value_heads.
+  json sc = json::parse(R"({"model_type": "gpt_bigcode", "n_embd": 6144, "n_head": 48, "n_layer": 40,
+    "n_positions": 8192, "multi_query": true, "scale_attn_weights": true})");
+  auto a = posenc::io::attention_config_from_hf(sc);
+  CHECK(a.num_attention_heads == 48);
+  CHECK(a.num_key_value_heads == 1);
+  CHECK(a.head_dim == 128);
+  sc.erase("multi_query");
+  CHECK(posenc::io::attention_config_from_hf(sc).num_key_value_heads == 1);
+  sc["multi_query"] = false;
+  CHECK(posenc::io::attention_config_from_hf(sc).num_key_value_heads == 48);
+
+  // databricks/dbrx-base: DbrxAttention reads kv_n_heads and rope_theta from attn_config (DbrxAttentionConfig
+  // defaults: 1 and 10000); n_layers and max_seq_len are its names for the layer count and context.
+  json dbrx = json::parse(R"({"model_type": "dbrx", "d_model": 6144, "n_heads": 48, "n_layers": 40,
+    "max_seq_len": 32768, "attn_config": {"kv_n_heads": 8, "rope_theta": 500000.0, "clip_qkv": 8}})");
+  a = posenc::io::attention_config_from_hf(dbrx);
+  CHECK(a.num_key_value_heads == 8);
+  CHECK(a.head_dim == 128);
+  CHECK(a.num_hidden_layers == 40);
+  const auto enc = posenc::io::encoding_from_hf(dbrx);
+  REQUIRE(enc.family == "rope");
+  const auto& rc = std::get<posenc::rope_config>(enc.config);
+  CHECK(rc.rope_theta == 500000.0);
+  CHECK(rc.layout == posenc::rope_layout::half);
+  CHECK(rc.max_position_embeddings == 32768);
+  check_close(posenc::rope(rc).inv_freq(), plain_inv_freq(500000.0, 128));
+  dbrx["attn_config"] = json::object();
+  CHECK(posenc::io::attention_config_from_hf(dbrx).num_key_value_heads == 1);
+  CHECK(posenc::io::rope_config_from_hf(dbrx).rope_theta == 10000.0);
+  // MPT's layer count is n_layers too.
+  CHECK(posenc::io::attention_config_from_hf(config("mpt-7b")).num_hidden_layers == 32);
+
+  // Attention no posenc call reproduces from the config: refused by both readers.
+  for (const char* mt : {"jetmoe", "zamba2", "doge", "diffllama"}) {
+    INFO(mt);
+    const json c = {{"model_type", mt},
+                    {"hidden_size", 2048},
+                    {"num_attention_heads", 16},
+                    {"num_hidden_layers", 4},
+                    {"rope_theta", 10000.0}};
+    CHECK_THROWS_WITH(posenc::io::attention_config_from_hf(c),
+                      Catch::Contains(std::string("model_type: ") + mt + " is not supported"));
+    CHECK_THROWS_WITH(posenc::io::encoding_from_hf(c), Catch::Contains(std::string(mt) + " is not supported"));
+  }
+}

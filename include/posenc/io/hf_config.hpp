@@ -154,6 +154,36 @@ inline const std::initializer_list<std::string_view> heads_keys = {"num_attentio
   return text != nullptr && text->is_object() && find_key(top, heads_keys) == nullptr ? *text : top;
 }
 
+/// DBRX keeps its attention's keys in attn_config (DbrxAttentionConfig: kv_n_heads, default 1;
+/// rope_theta, default 10000; DbrxAttention reads both from there); an empty object when absent, so the
+/// class defaults apply.
+[[nodiscard]] inline const json& dbrx_attention(const json& cfg) {
+  static const json none = json::object();
+  const json* a = find_key(cfg, {"attn_config"});
+  return a != nullptr && a->is_object() ? *a : none;
+}
+
+/// Models whose attention no posenc call reproduces from the config's keys: an error naming why, from
+/// the readers of the encoding and of the attention, instead of an answer that is silently wrong.
+inline void refuse_unsupported_attention(const json& cfg) {
+  const std::string mt = model_type(cfg);
+  // JetMoeAttention: num_key_value_heads x num_experts_per_tok query heads of kv_channels each, the
+  // key / value heads repeated (tiled) over the experts' heads rather than grouped as in GQA.
+  require(mt != "jetmoe", "model_type",
+          "jetmoe is not supported: its mixture-of-attention heads share kv heads by tiling, not by GQA groups");
+  // Zamba2's shared attention runs on [hidden, embeddings] concatenated: attention_head_dim =
+  // 2 hidden_size / num_attention_heads, the logit scale (attention_head_dim / 2)^-1/2, RoPE only with
+  // use_mem_rope (Zamba2Attention).
+  require(mt != "zamba2", "model_type",
+          "zamba2 is not supported: its shared attention block has its own head size, scale and RoPE switch");
+  // DogeAttention adds a per-key bias computed from the values (dt_proj) and keeps the top
+  // keep_window_size keys of each query; DiffLlamaAttention subtracts two softmaxes (differential attention).
+  require(
+      mt != "doge", "model_type",
+      "doge is not supported: its dynamic mask (a bias from the values, top-k keys per query) is not a posenc mask");
+  require(mt != "diffllama", "model_type", "diffllama is not supported: its differential attention is two softmaxes");
+}
+
 /// The rope block: rope_parameters (transformers >= 4.56 / v5) or rope_scaling; null when absent. A
 /// block keyed by layer type (v5's Gemma 3: {"full_attention": {...}, "sliding_attention": {...}})
 /// gives the entry of `layer_kind`.
@@ -233,6 +263,7 @@ namespace detail {
   const json none;
   const json& b = block ? *block : none;
   const std::string mt = model_type(cfg);
+  refuse_unsupported_attention(cfg);
   require(!granite_hybrid_without_rope(cfg), "position_embedding_type",
           "is not rope: the model rotates no layer (run it with posenc::no_position)",
           get<std::string>(cfg, {"position_embedding_type"}).value_or("null"), " for model_type ", mt);
@@ -245,8 +276,9 @@ namespace detail {
     require(r.scaling.original_max_position_embeddings.has_value(), "rope_scaling.original_max_position_embeddings",
             "is required by rope_type llama3 (transformers reads it from the rope_scaling block)");
   // A rope_theta / partial_rotary_factor inside the block overrides the top-level one (rope_parameters).
-  r.rope_theta =
-      get<double>(b, {"rope_theta"}).value_or(get<double>(cfg, {"rope_theta", "rotary_emb_base"}).value_or(10000.0));
+  const json& theta_keys = mt == "dbrx" ? dbrx_attention(cfg) : cfg;
+  r.rope_theta = get<double>(b, {"rope_theta"})
+                     .value_or(get<double>(theta_keys, {"rope_theta", "rotary_emb_base"}).value_or(10000.0));
   if (auto f = get<double>(b, {"partial_rotary_factor"}); f)
     r.partial_rotary_factor = *f;
   else
@@ -275,7 +307,7 @@ namespace detail {
                                        "ernie4_5_moe", "llama4", "llama4_text", "deepseek_v2"}) ||
                            (mt == "deepseek_v3" && get<bool>(cfg, {"rope_interleave"}).value_or(true));
   r.layout = interleaved ? rope_layout::interleaved : rope_layout::half;
-  r.max_position_embeddings = get<std::int64_t>(cfg, {"max_position_embeddings", "n_positions"});
+  r.max_position_embeddings = get<std::int64_t>(cfg, {"max_position_embeddings", "n_positions", "max_seq_len"});
 
   // Phi-3 keeps original_max_position_embeddings at the top level; HF's longrope then derives the
   // factor as max_position_embeddings / original (modeling_rope_utils _compute_longrope_parameters).
@@ -583,9 +615,11 @@ inline void read_rope_layers(const json& cfg, model_attention_config& a) {
 
 /// Reads model_attention_config from a config.json (a multimodal config's `text_config` when the
 /// top level has no num_attention_heads: Gemma 3). Head counts: Falcon without new_decoder_architecture
-/// and with multi_query (its default) has one kv head (FalconAttention); DeepSeek-V2/V3's MLA heads are
-/// qk_nope_head_dim + qk_rope_head_dim for q and k and v_head_dim for v. Which layers slide:
-/// detail::read_window_layers (layer_types, transformers >= 4.53, when present; else each model's rule);
+/// and with multi_query (its default) has one kv head (FalconAttention), GPTBigCode (StarCoder) with
+/// multi_query (its default) too; DBRX reads its kv heads from attn_config.kv_n_heads (default 1);
+/// DeepSeek-V2/V3's MLA heads are qk_nope_head_dim + qk_rope_head_dim for q and k and v_head_dim for v.
+/// JetMoE, Zamba2, Doge and DiffLlama are refused (detail::refuse_unsupported_attention). Which layers
+/// slide: detail::read_window_layers (layer_types, transformers >= 4.53, when present; else each model's rule);
 /// which rotate: detail::read_rope_layers.
 [[nodiscard]] inline model_attention_config attention_config_from_hf(const nlohmann::json& top) {
   using detail::get;
@@ -596,19 +630,25 @@ inline void read_rope_layers(const json& cfg, model_attention_config& a) {
   a.model_type = detail::model_type(cfg);
   if (a.model_type.empty()) a.model_type = detail::model_type(top);
   const std::string mt = a.model_type;
+  detail::refuse_unsupported_attention(cfg);
   a.num_attention_heads = detail::need<index_t>(cfg, detail::heads_keys, "attention");
   require(a.num_attention_heads > 0, "num_attention_heads", "must be > 0", a.num_attention_heads);
   a.num_key_value_heads = get<index_t>(cfg, {"num_key_value_heads", "n_head_kv", "num_kv_heads"}).value_or(a.num_attention_heads);
   if (detail::one_of(mt, {"falcon", "RefinedWeb", "RefinedWebModel"}) &&
       !get<bool>(cfg, {"new_decoder_architecture"}).value_or(false) && get<bool>(cfg, {"multi_query"}).value_or(true))
     a.num_key_value_heads = 1;
+  // GPTBigCodeAttention: kv_heads = 1 if multi_query (default true) else the query heads; StarCoder's
+  // configs carry no num_key_value_heads
+  if (mt == "gpt_bigcode")
+    a.num_key_value_heads = get<bool>(cfg, {"multi_query"}).value_or(true) ? 1 : a.num_attention_heads;
+  if (mt == "dbrx") a.num_key_value_heads = get<index_t>(detail::dbrx_attention(cfg), {"kv_n_heads"}).value_or(1);
   require(a.num_key_value_heads > 0 && a.num_attention_heads % a.num_key_value_heads == 0, "num_key_value_heads",
           "must be > 0 and divide num_attention_heads", a.num_key_value_heads, " for ", a.num_attention_heads);
   a.head_dim = detail::head_dim(cfg, "attention");
   a.value_head_dim = a.head_dim;
   if (detail::one_of(mt, {"deepseek_v2", "deepseek_v3"})) detail::read_mla_heads(cfg, a);
   require(a.head_dim > 0, "head_dim", "must be > 0", a.head_dim);
-  a.num_hidden_layers = get<index_t>(cfg, {"num_hidden_layers", "n_layer", "num_layers"}).value_or(0);
+  a.num_hidden_layers = get<index_t>(cfg, {"num_hidden_layers", "n_layer", "num_layers", "n_layers"}).value_or(0);
   // bounded: the per-layer list below has one entry per layer (the largest published model has under 200)
   require(a.num_hidden_layers >= 0 && a.num_hidden_layers <= 1'000'000, "num_hidden_layers", "must be in [0, 1000000]",
           a.num_hidden_layers);
@@ -683,10 +723,11 @@ inline bool is_rope(const json& c) {
   return find_key(c, {"rope_theta", "rope_scaling", "rope_parameters", "rotary_emb_base", "rotary_pct",
                       "partial_rotary_factor", "rotary_dim", "qk_rope_head_dim"}) != nullptr ||
          one_of(model_type(c),
-                {"llama",   "mistral",     "mixtral",     "qwen2",     "qwen2_moe",   "qwen3",    "qwen3_moe",
-                 "phi",     "phi3",        "gemma",       "gemma2",    "gemma3_text", "gpt_neox", "gptj",
-                 "codegen", "falcon",      "gpt_oss",     "olmo",      "olmo2",       "stablelm", "starcoder2",
-                 "cohere",  "deepseek_v2", "deepseek_v3", "internlm2", "granite",     "persimmon"});
+                {"llama",   "mistral",     "mixtral",     "qwen2",     "qwen2_moe",   "qwen3",     "qwen3_moe",
+                 "phi",     "phi3",        "gemma",       "gemma2",    "gemma3_text", "gpt_neox",  "gptj",
+                 "codegen", "falcon",      "gpt_oss",     "olmo",      "olmo2",       "stablelm",  "starcoder2",
+                 "cohere",  "deepseek_v2", "deepseek_v3", "internlm2", "granite",     "persimmon", "dbrx",
+                 "olmo3",   "olmoe",       "phimoe",      "nemotron",  "ministral",   "exaone4"});
 }
 inline bool is_learned(const json& c) {
   const std::string mt = model_type(c);
