@@ -894,3 +894,127 @@ TEST_CASE(
     CHECK_THROWS_WITH(posenc::io::encoding_from_hf(c), Catch::Contains(std::string(mt) + " is not supported"));
   }
 }
+
+TEST_CASE("hf_config: logit scales of GPT-Neo, GPT-2 and Falcon-H1, Ministral 3's query scale; GPT-Neo's local layers",
+          "[io][hf_config]") {
+  // EleutherAI/gpt-neo-1.3B: GPTNeoSelfAttention._attn does not scale q k^T; its odd layers are local
+  // (keys i - window_size < j <= i, window_size 256).
+  json neo = json::parse(R"({"model_type": "gpt_neo", "hidden_size": 2048, "num_heads": 16, "num_layers": 24,
+    "max_position_embeddings": 2048, "window_size": 256, "attention_types": [[["global", "local"], 12]]})");
+  auto a = posenc::io::attention_config_from_hf(neo);
+  REQUIRE(a.scale());
+  CHECK(*a.scale() == 1.0);
+  CHECK(a.num_hidden_layers == 24);
+  for (posenc::index_t l = 0; l < 24; ++l) {
+    INFO("layer " << l);
+    CHECK(a.layer_window(l) == (l % 2 == 1 ? 256 : 0));
+    CHECK(a.options(l).sliding_window == (l % 2 == 1 ? 256 : 0));
+    CHECK(*a.options(l).scale == 1.0);
+  }
+  // the expanded list GPTNeoConfig also writes (attention_layers), read first; window_size's default 256
+  neo["attention_layers"] = {"local", "local", "global"};
+  neo["num_layers"] = 3;
+  neo.erase("window_size");
+  a = posenc::io::attention_config_from_hf(neo);
+  CHECK(a.layer_window(0) == 256);
+  CHECK(a.layer_window(1) == 256);
+  CHECK(a.layer_window(2) == 0);
+  neo.erase("attention_layers");
+  neo["attention_types"] = json::parse(R"([[["local"], 2], [["global"], 1]])");
+  a = posenc::io::attention_config_from_hf(neo);
+  CHECK(a.layer_window(1) == 256);
+  CHECK(a.layer_window(2) == 0);
+  neo["attention_types"] = json::parse(R"([[["local", "global"], 2]])");
+  CHECK_THROWS_WITH(posenc::io::attention_config_from_hf(neo),
+                    Catch::Contains("attention_layers: must have num_layers entries"));
+  neo["attention_types"] = json::parse(R"([[["local", "sparse"], 1], [["global"], 1]])");
+  CHECK_THROWS_WITH(posenc::io::attention_config_from_hf(neo),
+                    Catch::Contains("entries must be global or local (got sparse)"));
+
+  // GPT2Attention._attn: / sqrt(head_dim) only with scale_attn_weights (default true), and / (layer + 1)
+  // as well with scale_attn_by_inverse_layer_idx (stanford-crfm's GPT-2 runs).
+  json g = config("gpt2");
+  CHECK_FALSE(posenc::io::attention_config_from_hf(g).scale());
+  g["scale_attn_by_inverse_layer_idx"] = true;
+  a = posenc::io::attention_config_from_hf(g);
+  for (posenc::index_t l : {0, 1, 11}) CHECK(*a.options(l).scale == Approx(1.0 / 8.0 / (l + 1)).epsilon(1e-15));
+  g["scale_attn_weights"] = false;
+  a = posenc::io::attention_config_from_hf(g);
+  for (posenc::index_t l : {0, 1, 11}) CHECK(*a.options(l).scale == Approx(1.0 / (l + 1)).epsilon(1e-15));
+  const json sc = json::parse(R"({"model_type": "gpt_bigcode", "n_embd": 1024, "n_head": 16, "n_layer": 2,
+    "n_positions": 2048, "scale_attn_weights": false})");
+  CHECK(*posenc::io::attention_config_from_hf(sc).scale() == 1.0);
+
+  // tiiuae/Falcon-H1: FalconH1Attention multiplies the keys by key_multiplier and scales by head_dim^-1/2.
+  json fh = json::parse(R"({"model_type": "falcon_h1", "hidden_size": 1536, "num_attention_heads": 12,
+    "num_key_value_heads": 2, "head_dim": 64, "num_hidden_layers": 24, "rope_theta": 1e11,
+    "key_multiplier": 0.390625})");
+  CHECK(*posenc::io::attention_config_from_hf(fh).scale() == Approx(0.390625 / 8.0).epsilon(1e-15));
+  fh.erase("key_multiplier");
+  CHECK(*posenc::io::attention_config_from_hf(fh).scale() == Approx(1.0 / 8.0).epsilon(1e-15));
+
+  // mistralai/Ministral-3-8B-Instruct-2512: Ministral3Attention multiplies each query by
+  // 1 + beta ln(1 + floor(p / original_max_position_embeddings)).
+  json mi = json::parse(R"({"model_type": "mistral3", "text_config": {"model_type": "ministral3",
+    "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+    "num_hidden_layers": 34, "max_position_embeddings": 262144, "rope_parameters": {"rope_type": "yarn",
+    "factor": 16.0, "original_max_position_embeddings": 16384, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0,
+    "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1, "rope_theta": 1000000000.0}}})");
+  const auto ma = posenc::io::attention_config_from_hf(mi);
+  CHECK(ma.query_scale_beta == 0.1);
+  for (std::int64_t p : {0, 1, 16383, 16384, 32767, 32768, 131071, 262143}) {
+    INFO("position " << p);
+    CHECK(ma.query_scale(p) == Approx(1.0 + 0.1 * std::log(1.0 + std::floor(p / 16384.0))).epsilon(1e-15));
+  }
+  CHECK(posenc::io::attention_config_from_hf(config("llama-3.1-8b")).query_scale(100000) == 1.0);
+  mi["text_config"]["rope_parameters"].erase("original_max_position_embeddings");
+  mi["text_config"]["rope_parameters"]["rope_type"] = "default";
+  CHECK_THROWS_WITH(posenc::io::attention_config_from_hf(mi),
+                    Catch::Contains("llama_4_scaling_beta needs original_max_position_embeddings"));
+}
+
+TEST_CASE("hf_config: EXAONE 4.0's full layers are NoPE; OLMo 3's sliding layers rotate unscaled", "[io][hf_config]") {
+  // LGAI-EXAONE/EXAONE-4.0-32B: Exaone4Attention rotates where sliding_window is None or the layer slides
+  // ("global NoPE for hybrid attention"); the 1.2B has no window and rotates every layer.
+  json ex = json::parse(R"({"model_type": "exaone4", "hidden_size": 5120, "num_attention_heads": 40,
+    "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 8, "sliding_window": 4096,
+    "rope_theta": 1000000.0, "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention",
+    "full_attention", "sliding_attention", "sliding_attention", "sliding_attention", "full_attention"]})");
+  auto a = posenc::io::attention_config_from_hf(ex);
+  for (posenc::index_t l = 0; l < 8; ++l) {
+    INFO("layer " << l);
+    const bool sliding = l % 4 != 3;
+    CHECK(a.layer_window(l) == (sliding ? 4096 : 0));
+    CHECK(a.layer_rotates(l) == sliding);
+  }
+  CHECK_THROWS_WITH(posenc::io::rope_config_from_hf(ex, 3), Catch::Contains("layer: does not rotate"));
+  ex["sliding_window"] = nullptr;
+  ex["layer_types"] = std::vector<std::string>(8, "full_attention");
+  a = posenc::io::attention_config_from_hf(ex);
+  for (posenc::index_t l = 0; l < 8; ++l) CHECK(a.layer_rotates(l));
+
+  // allenai/Olmo-3-1025-7B: YaRN on the full-attention layers only (Olmo3Model's sliding_attention rotary is
+  // rope_type "default" with the same theta); without layer_types every 4th layer is full (Olmo3Config).
+  json ol = json::parse(R"({"model_type": "olmo3", "hidden_size": 4096, "num_attention_heads": 32,
+    "num_key_value_heads": 32, "num_hidden_layers": 8, "sliding_window": 4096, "rope_theta": 500000,
+    "max_position_embeddings": 65536, "rope_scaling": {"rope_type": "yarn", "factor": 8.0,
+    "original_max_position_embeddings": 8192, "attention_factor": 1.2079441541679836, "beta_fast": 32,
+    "beta_slow": 1}})");
+  a = posenc::io::attention_config_from_hf(ol);
+  for (posenc::index_t l = 0; l < 8; ++l) {
+    INFO("layer " << l);
+    const bool sliding = (l + 1) % 4 != 0;
+    CHECK(a.layer_window(l) == (sliding ? 4096 : 0));
+    const posenc::rope_config r = posenc::io::rope_config_from_hf(ol, l);
+    CHECK(r.rope_theta == 500000.0);
+    if (sliding) {
+      CHECK(r.scaling.rope_type == posenc::rope_type::default_);
+      check_close(posenc::rope(r).inv_freq(), plain_inv_freq(500000.0, 128));
+      CHECK(posenc::rope(r).attention_factor() == 1.0);
+    } else {
+      CHECK(r.scaling.rope_type == posenc::rope_type::yarn);
+      CHECK(posenc::rope(r).attention_factor() == 1.2079441541679836);
+    }
+  }
+  CHECK(posenc::io::encoding_from_hf(ol).family == "rope");
+}

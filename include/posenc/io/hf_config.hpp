@@ -13,8 +13,9 @@
 //   attention_config_from_hf  what a host needs besides the encoding (model_attention_config): heads,
 //                           kv heads, head_dim, the sliding window and which layers use it (Mistral,
 //                           Qwen2, Gemma 2/3, Cohere2, gpt-oss), which layers skip RoPE (Cohere2,
-//                           SmolLM3), Gemma 2's logit softcap, the logit scale where a model sets its
-//                           own (Gemma, Gemma 3n, Granite, DeepSeek), gpt-oss's attention sinks
+//                           SmolLM3, EXAONE 4.0), Gemma 2's logit softcap, the logit scale where a model
+//                           sets its own (Gemma, Gemma 3n, Granite, DeepSeek, GPT-Neo, GPT-2, Falcon-H1),
+//                           gpt-oss's attention sinks, Ministral 3's query temperature
 // and `encoding_from_hf` picks the family from model_type and the keys present, through the table
 // `hf_families()`: a new family (Shaw, Transformer-XL, DeBERTa, TUPE) is one reader function plus one
 // row of that table, and one alternative of hf_encoding::config.
@@ -285,11 +286,15 @@ namespace detail {
     r.partial_rotary_factor = get<double>(cfg, {"partial_rotary_factor", "rotary_pct"}).value_or(1.0);
   // Gemma 3 (transformers 4.5x): the sliding layers rotate with rope_local_base_freq and no scaling
   // (Gemma3TextModel.rotary_emb_local); v5 writes that as the block's sliding_attention entry instead.
-  if (layer_kind == "sliding_attention" && !keyed_by_layer)
+  if (layer_kind == "sliding_attention" && !keyed_by_layer) {
     if (auto local = get<double>(cfg, {"rope_local_base_freq"}); local) {
       r.rope_theta = *local;
       r.scaling = rope_scaling{};
     }
+    // OLMo 3 scales only its full-attention layers' RoPE (Olmo3Model's sliding_attention rotary is
+    // rope_type "default"; v5's Olmo3Config moves a legacy rope_scaling into full_attention only).
+    if (mt == "olmo3") r.scaling = rope_scaling{};
+  }
 
   const bool deepseek = one_of(mt, {"deepseek_v2", "deepseek_v3"});
   if (auto h = get<index_t>(cfg, {"qk_rope_head_dim"}); h && deepseek) {
@@ -442,8 +447,19 @@ struct model_attention_config {
   std::optional<double> query_pre_attn_scalar{};
   /// The logit scale where the model's attention sets it outright: Granite's attention_multiplier
   /// (GraniteAttention.scaling, 1 by default); Gemma 3n's 1 (Gemma3nTextAttention.scaling: its q and k
-  /// are RMS-normed instead).
+  /// are RMS-normed instead); 1 for GPT-Neo (GPTNeoSelfAttention._attn does not scale) and for GPT-2 /
+  /// GPTBigCode with scale_attn_weights false; Falcon-H1's key_multiplier x head_dim^-1/2
+  /// (FalconH1Attention multiplies the keys by it: pass k_proj's keys unscaled).
   std::optional<double> logit_scale{};
+  /// GPT-2's scale_attn_by_inverse_layer_idx: layer l's logits are divided by l + 1 as well
+  /// (GPT2Attention._attn); options(layer) applies it.
+  bool scale_by_inverse_layer = false;
+  /// Ministral 3's query temperature (the rope block's llama_4_scaling_beta, 0 = none, over periods of
+  /// its original_max_position_embeddings): the host multiplies the query of position p by
+  /// query_scale(p) before the call (Ministral3Attention, after RoPE). No logit scale of a call can
+  /// do it: it grows with each query's position. 1 below the first period.
+  double query_scale_beta = 0.0;
+  std::int64_t query_scale_period = 0;
   /// DeepSeek-V2/V3 with YaRN and mscale_all_dim: the logit scale is head_dim^-1/2 times this
   /// (yarn_get_mscale(factor, mscale_all_dim)^2, DeepseekV3Attention.scaling); 1 otherwise.
   double scale_factor = 1.0;
@@ -451,6 +467,13 @@ struct model_attention_config {
   /// passed as attention_options::sinks).
   bool has_sinks = false;
 
+  /// 1 + query_scale_beta ln(1 + floor(position / query_scale_period)); 1 without a query temperature.
+  [[nodiscard]] double query_scale(std::int64_t position) const {
+    if (query_scale_beta == 0.0) return 1.0;
+    require(position >= 0, "position", "must be >= 0", position);
+    return 1.0 + query_scale_beta *
+                     std::log1p(std::floor(static_cast<double>(position) / static_cast<double>(query_scale_period)));
+  }
   /// The window of layer `layer` (0 for a full-attention layer).
   [[nodiscard]] index_t layer_window(index_t layer) const {
     check_layer(layer);
@@ -480,6 +503,8 @@ struct model_attention_config {
     o.sliding_window = layer_window(layer);
     o.logit_softcap = attn_logit_softcapping;
     o.scale = scale();
+    if (scale_by_inverse_layer)
+      o.scale = o.scale.value_or(1.0 / std::sqrt(static_cast<double>(head_dim))) / static_cast<double>(layer + 1);
     return o;
   }
 
@@ -528,14 +553,48 @@ template <class Rule>
   return v;
 }
 
+/// GPT-Neo's local layers (GPTNeoSelfAttention: a query at i sees keys i - window_size < j <= i, the
+/// window of attention_options::sliding_window): attention_layers, one "global" or "local" per layer,
+/// else attention_types expanded as GPTNeoConfig.expand_attention_types_params does ([[pattern, n]]:
+/// the pattern n times; default [[["global", "local"], 12]]); window_size defaults to 256.
+inline void read_gpt_neo_windows(const json& cfg, model_attention_config& a) {
+  a.sliding_window = get<index_t>(cfg, {"window_size"}).value_or(256);
+  require(a.sliding_window > 0, "window_size", "must be > 0", a.sliding_window);
+  std::vector<std::string> kinds;
+  if (const json* layers = find_key(cfg, {"attention_layers"}); layers) {
+    require(layers->is_array(), "attention_layers", "must be a list of \"global\" / \"local\"", layers->dump());
+    for (const auto& k : *layers) kinds.push_back(as<std::string>(k, "attention_layers"));
+  } else {
+    const json fallback = json::parse(R"([[["global", "local"], 12]])");
+    const json* types = find_key(cfg, {"attention_types"});
+    for (const auto& item : types ? *types : fallback) {
+      require(item.is_array() && item.size() == 2 && item[0].is_array(), "attention_types",
+              "entries must be [[kinds...], repeats]", item.dump());
+      const auto n = as<index_t>(item[1], "attention_types");
+      require(n >= 0 && n <= 1'000'000, "attention_types", "repeats must be in [0, 1000000]", n);
+      for (index_t r = 0; r < n; ++r)
+        for (const auto& k : item[0]) kinds.push_back(as<std::string>(k, "attention_types"));
+    }
+  }
+  require(a.num_hidden_layers == 0 || static_cast<index_t>(kinds.size()) == a.num_hidden_layers, "attention_layers",
+          "must have num_layers entries", kinds.size(), " for ", a.num_hidden_layers);
+  a.num_hidden_layers = static_cast<index_t>(kinds.size());
+  for (const std::string& k : kinds) {
+    require(one_of(k, {"global", "local"}), "attention_layers", "entries must be global or local", k);
+    a.sliding_layers.push_back(k == "local");
+  }
+}
+
 /// The sliding window and its layers (attention_config_from_hf). `use_sliding_window` false turns the
 /// window off (Qwen2 / Qwen3 and SmolLM3 default to false: their sliding_window is unused without it).
 /// Which layers slide: layer_types when present; else Gemma 2 the even layers (Gemma2DecoderLayer);
 /// Qwen2 / Qwen3 (-MoE) the layers from max_window_layers on (default 28, Qwen2Config.layer_types); a
 /// model with a sliding_window_pattern P all but every P-th layer, (i + 1) % P != 0 (Gemma3DecoderLayer,
-/// Cohere2Attention; P defaults to 6 for Gemma 3, 4 for Cohere2); every other model every layer (Mistral).
+/// Cohere2Attention, Olmo3Config; P defaults to 6 for Gemma 3, 4 for Cohere2 and OLMo 3); GPT-Neo its
+/// local layers (read_gpt_neo_windows); every other model every layer (Mistral).
 inline void read_window_layers(const json& cfg, model_attention_config& a) {
   const std::string& mt = a.model_type;
+  if (mt == "gpt_neo") return read_gpt_neo_windows(cfg, a);
   // Llama 4's local layers attend within fixed chunks of attention_chunk_size tokens, not a window
   // sliding with the query: no attention_options does that.
   require(find_key(cfg, {"attention_chunk_size"}) == nullptr, "attention_chunk_size",
@@ -570,7 +629,7 @@ inline void read_window_layers(const json& cfg, model_attention_config& a) {
   require(mt != "smollm3", "layer_types", "are needed to tell the sliding layers of model_type smollm3");
   std::optional<index_t> pattern = get<index_t>(cfg, {"sliding_window_pattern"});
   if (!pattern && one_of(mt, {"gemma3", "gemma3_text"})) pattern = 6;
-  if (!pattern && mt == "cohere2") pattern = 4;
+  if (!pattern && one_of(mt, {"cohere2", "olmo3"})) pattern = 4;
   if (mt != "gemma2" && !qwen && !pattern) return;  // every layer
   if (pattern) require(*pattern > 0, "sliding_window_pattern", "must be > 0", *pattern);
   const index_t first_window_layer = qwen ? get<index_t>(cfg, {"max_window_layers"}).value_or(28) : 0;
@@ -586,7 +645,8 @@ inline void read_window_layers(const json& cfg, model_attention_config& a) {
 /// list) SmolLM3 and Llama 4 skip RoPE in every no_rope_layer_interval-th layer (default 4),
 /// (i + 1) % interval == 0 (SmolLM3Config, Llama4TextConfig). Cohere2 rotates only in its sliding
 /// layers (Cohere2Attention applies RoPE where the layer's sliding_window is set): none rotates when
-/// sliding_window is null. GraniteMoeHybrid rotates only with position_embedding_type "rope"
+/// sliding_window is null. EXAONE 4.0 likewise once it has a window (Exaone4Attention: "global NoPE
+/// for hybrid attention"), every layer without one. GraniteMoeHybrid rotates only with position_embedding_type "rope"
 /// (granite_hybrid_without_rope).
 inline void read_rope_layers(const json& cfg, model_attention_config& a) {
   const std::string& mt = a.model_type;
@@ -604,7 +664,7 @@ inline void read_rope_layers(const json& cfg, model_attention_config& a) {
     const index_t interval = get<index_t>(cfg, {"no_rope_layer_interval"}).value_or(4);
     require(interval > 0, "no_rope_layer_interval", "must be > 0", interval);
     a.rope_layers = per_layer(a, "NoPE", [&](index_t i) { return (i + 1) % interval != 0; });
-  } else if (mt == "cohere2") {
+  } else if (mt == "cohere2" || (mt == "exaone4" && a.sliding_window > 0)) {
     a.rope_layers = per_layer(a, "rotating", [&](index_t i) { return a.layer_window(i) > 0; });
   } else if (granite_hybrid_without_rope(cfg)) {
     a.rope_layers = per_layer(a, "rotating", [](index_t) { return false; });
@@ -668,8 +728,24 @@ inline void read_rope_layers(const json& cfg, model_attention_config& a) {
     require(*a.logit_scale > 0.0 && std::isfinite(*a.logit_scale), "attention_multiplier", "must be finite and > 0",
             *a.logit_scale);
   }
-  if (detail::one_of(mt, {"gemma3n", "gemma3n_text"})) a.logit_scale = 1.0;
+  if (detail::one_of(mt, {"gemma3n", "gemma3n_text"}) || mt == "gpt_neo") a.logit_scale = 1.0;
+  if (detail::one_of(mt, {"gpt2", "gpt_bigcode"}) && !get<bool>(cfg, {"scale_attn_weights"}).value_or(true))
+    a.logit_scale = 1.0;
+  a.scale_by_inverse_layer = mt == "gpt2" && get<bool>(cfg, {"scale_attn_by_inverse_layer_idx"}).value_or(false);
+  if (mt == "falcon_h1") {
+    const double m = get<double>(cfg, {"key_multiplier"}).value_or(1.0);
+    require(m > 0.0 && std::isfinite(m), "key_multiplier", "must be finite and > 0", m);
+    a.logit_scale = m / std::sqrt(static_cast<double>(a.head_dim));
+  }
   a.has_sinks = mt == "gpt_oss";
+  if (const detail::json* block = detail::rope_block(cfg, "full_attention"); block != nullptr)
+    if (auto beta = get<double>(*block, {"llama_4_scaling_beta"}); beta && *beta != 0.0) {
+      a.query_scale_period =
+          detail::need<std::int64_t>(*block, {"original_max_position_embeddings"}, "llama_4_scaling_beta");
+      require(std::isfinite(*beta) && a.query_scale_period > 0, "llama_4_scaling_beta",
+              "must be finite, with original_max_position_embeddings > 0", *beta, ", ", a.query_scale_period);
+      a.query_scale_beta = *beta;
+    }
   return a;
 }
 
