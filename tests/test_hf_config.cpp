@@ -1018,3 +1018,75 @@ TEST_CASE("hf_config: EXAONE 4.0's full layers are NoPE; OLMo 3's sliding layers
   }
   CHECK(posenc::io::encoding_from_hf(ol).family == "rope");
 }
+
+TEST_CASE("hf_config: learned tables of Blenderbot, BioGPT and ELECTRA; Marian, relative BERT and MPNet refused",
+          "[io][hf_config]") {
+  // BlenderbotLearnedPositionalEmbedding looks position p up at row p (arange), max_position_embeddings rows.
+  for (const char* mt : {"blenderbot", "blenderbot-small"}) {
+    const auto s = posenc::io::learned_spec_from_hf(
+        json{{"model_type", mt}, {"d_model", 1280}, {"max_position_embeddings", 128}, {"encoder_attention_heads", 32}});
+    CHECK(s.max_positions == 128);
+    CHECK(s.options.offset == 0);
+  }
+  // microsoft/biogpt: BioGptLearnedPositionalEmbedding (OPT's): offset 2, max_position_embeddings + 2 rows.
+  const auto bio = posenc::io::learned_spec_from_hf(json::parse(
+      R"({"model_type": "biogpt", "hidden_size": 1024, "num_attention_heads": 16, "max_position_embeddings": 1024})"));
+  CHECK(bio.max_positions == 1026);
+  CHECK(bio.options.offset == 2);
+  // google/electra-small-discriminator: ElectraEmbeddings' tables are embedding_size wide (128), not hidden_size.
+  json el = json::parse(R"({"model_type": "electra", "hidden_size": 256, "embedding_size": 128,
+    "num_attention_heads": 4, "max_position_embeddings": 512})");
+  CHECK(posenc::io::learned_spec_from_hf(el).d_model == 128);
+  // position_embedding_type relative_key(_query): no absolute table is added (its weight is unused).
+  el["position_embedding_type"] = "relative_key";
+  CHECK_THROWS_WITH(posenc::io::encoding_from_hf(el),
+                    Catch::Contains("position_embedding_type: is not absolute") && Catch::Contains("relative_key"));
+  // Marian's positions are a sinusoid computed at load, not in the checkpoint; MPNet's bucket key does not make
+  // it T5 (it scales its logits and adds a learned table).
+  CHECK_THROWS_WITH(posenc::io::encoding_from_hf(json::parse(R"({"model_type": "marian", "d_model": 512,
+    "encoder_attention_heads": 8, "max_position_embeddings": 512})")),
+                    Catch::Contains("cannot tell the positional encoding of model_type 'marian'"));
+  CHECK_THROWS_WITH(posenc::io::encoding_from_hf(json::parse(R"({"model_type": "mpnet", "hidden_size": 768,
+    "num_attention_heads": 12, "max_position_embeddings": 514, "relative_attention_num_buckets": 32})")),
+                    Catch::Contains("cannot tell the positional encoding of model_type 'mpnet'"));
+}
+
+TEST_CASE("hf_config: Falcon's ALiBi slopes, PhiMoE's mscale, Hunyuan's alpha; M-RoPE refused", "[io][hf_config]") {
+  // tiiuae/falcon-rw-1b: FalconAttention computes (q k^T + alibi) * head_dim^-1/2, so each BLOOM slope
+  // 2^(-8 (h+1) / 32) reaches the softmax divided by sqrt(64).
+  const posenc::alibi frw(posenc::io::alibi_config_from_hf(config("falcon-rw-1b")));
+  for (posenc::index_t h = 0; h < 32; ++h)
+    CHECK(frw.slope(h) == Approx(std::pow(2.0, -8.0 * static_cast<double>(h + 1) / 32) / 8.0).epsilon(1e-15));
+  CHECK(posenc::io::alibi_config_from_hf(config("bloom-560m")).slope_scale == 1.0);
+
+  // microsoft/Phi-3.5-MoE-instruct: PhimoeRotaryEmbedding scales cos and sin by short_mscale / long_mscale
+  // (1.2432 in both), not by LongRoPE's sqrt(1 + ln 32 / ln 4096).
+  json pm = config("phi-3-mini-128k-instruct");
+  pm["model_type"] = "phimoe";
+  pm["rope_scaling"]["short_mscale"] = 1.243163121016122;
+  pm["rope_scaling"]["long_mscale"] = 1.243163121016122;
+  const posenc::rope pr(posenc::io::rope_config_from_hf(pm));
+  CHECK(pr.attention_factor() == 1.243163121016122);
+  pm["rope_scaling"]["long_mscale"] = 1.5;
+  CHECK_THROWS_WITH(posenc::io::rope_config_from_hf(pm), Catch::Contains("short_mscale: must equal long_mscale"));
+
+  // tencent/Hunyuan-7B-Instruct: dynamic scaling with alpha 1000 is a fixed base theta alpha^(d / (d - 2)).
+  const json hy = json::parse(R"({"model_type": "hunyuan_v1_dense", "hidden_size": 4096, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "head_dim": 128, "rope_theta": 10000.0, "max_position_embeddings": 32768,
+    "rope_scaling": {"type": "dynamic", "alpha": 1000.0, "factor": 1.0, "beta_fast": 32, "beta_slow": 1}})");
+  const posenc::rope_config hr = posenc::io::rope_config_from_hf(hy);
+  const double base = 10000.0 * std::pow(1000.0, 128.0 / 126.0);
+  CHECK(hr.rope_theta == Approx(base).epsilon(1e-14));
+  CHECK(hr.scaling.rope_type == posenc::rope_type::default_);
+  check_close(posenc::rope(hr).inv_freq(40000), plain_inv_freq(base, 128), 1e-12);
+
+  // Qwen2.5-VL as transformers re-saves it: rope_type "default" beside mrope_section (M-RoPE); GLM-4.1V's text
+  // part rotates adjacent pairs (rotate_half_llm with repeat_interleaved frequencies).
+  const json vl = json::parse(R"({"model_type": "qwen2_5_vl", "hidden_size": 3584, "num_attention_heads": 28,
+    "num_key_value_heads": 4, "rope_theta": 1000000.0, "rope_scaling": {"type": "default", "rope_type": "default",
+    "mrope_section": [16, 24, 24]}})");
+  CHECK_THROWS_WITH(posenc::io::encoding_from_hf(vl), Catch::Contains("rope_scaling.mrope_section: M-RoPE"));
+  const json glm = json::parse(R"({"model_type": "glm4v_text", "hidden_size": 4096, "num_attention_heads": 32,
+    "num_key_value_heads": 2, "partial_rotary_factor": 0.5, "rope_theta": 10000.0})");
+  CHECK(posenc::io::rope_config_from_hf(glm).layout == posenc::rope_layout::interleaved);
+}

@@ -5,11 +5,11 @@
 //                           `type`), partial_rotary_factor, head_dim (or hidden_size /
 //                           num_attention_heads), max_position_embeddings
 //                           (with a layer: that layer's, where sliding layers rotate differently: Gemma 3)
-//   alibi_config_from_hf    ALiBi: BLOOM (n_head), Falcon (`alibi: true`), MPT (attn_config.alibi,
-//                           attn_config.alibi_bias_max)
+//   alibi_config_from_hf    ALiBi: BLOOM (n_head), Falcon (`alibi: true`, slopes scaled by head_dim^-1/2),
+//                           MPT (attn_config.alibi, attn_config.alibi_bias_max)
 //   t5_config_from_hf       T5: relative_attention_num_buckets, relative_attention_max_distance,
 //                           is_decoder
-//   learned_spec_from_hf    learned absolute: max_position_embeddings, width, row offset (OPT/BART 2)
+//   learned_spec_from_hf    learned absolute: max_position_embeddings, width, row offset (OPT/BART/BioGPT 2)
 //   attention_config_from_hf  what a host needs besides the encoding (model_attention_config): heads,
 //                           kv heads, head_dim, the sliding window and which layers use it (Mistral,
 //                           Qwen2, Gemma 2/3, Cohere2, gpt-oss), which layers skip RoPE (Cohere2,
@@ -271,6 +271,21 @@ namespace detail {
 
   rope_config r;
   r.scaling = rope_scaling_from_hf(b);
+  // M-RoPE (Qwen2-VL, Qwen2.5-VL, GLM-4.1V) rotates sections of the pairs by the temporal, height and width
+  // positions of a token; transformers rewrites its type "mrope" to "default" and keeps mrope_section,
+  // so the section is what tells it. For image and video tokens it is no 1-D RoPE.
+  require(find_key(b, {"mrope_section"}) == nullptr, "rope_scaling.mrope_section",
+          "M-RoPE (the 3-D positions of a multimodal model) is not supported");
+  // PhiMoE scales cos and sin by short_mscale / long_mscale instead of LongRoPE's computed factor
+  // (PhimoeRotaryEmbedding.forward: long_mscale past original_max_position_embeddings, else short_mscale):
+  // one attention factor when the two agree, as in the published configs.
+  if (find_key(b, {"short_mscale", "long_mscale"}) != nullptr) {
+    const auto s = get<double>(b, {"short_mscale"}), l = get<double>(b, {"long_mscale"});
+    require(s && l && *s == *l && std::isfinite(*s) && *s > 0.0, "rope_scaling.short_mscale",
+            "must equal long_mscale, finite and > 0 (one attention factor at every length)", s.value_or(0.0), " vs ",
+            l.value_or(0.0));
+    r.scaling.attention_factor = *s;
+  }
   // transformers' llama3 reads original_max_position_embeddings from the block only (a KeyError without
   // it); the fallback to max_position_embeddings would give other frequencies, silently.
   if (r.scaling.rope_type == rope_type::llama3)
@@ -302,14 +317,24 @@ namespace detail {
   } else {
     r.head_dim = head_dim(cfg, "rope");
   }
+  // Hunyuan's dynamic scaling with an alpha is a fixed NTK base, rope_theta alpha^(d / (d - 2)) with
+  // d = head_dim, and no attention factor (HunYuanDenseV1RotaryEmbedding, as the model's own code);
+  // transformers' update past max_position_embeddings recomputes plain dynamic-NTK frequencies instead.
+  if (auto alpha = get<double>(b, {"alpha"}); alpha && *alpha != 0.0 && r.scaling.rope_type == rope_type::dynamic) {
+    require(std::isfinite(*alpha) && *alpha > 0.0 && r.head_dim > 2, "rope_scaling.alpha",
+            "must be finite and > 0, with head_dim > 2", *alpha, " with head_dim ", r.head_dim);
+    const double d = static_cast<double>(r.head_dim);
+    r.rope_theta *= std::pow(*alpha, d / (d - 2.0));
+    r.scaling = rope_scaling{};
+  }
   if (auto rd = get<index_t>(cfg, {"rotary_dim"}); rd && one_of(mt, {"gptj", "codegen"})) r.rotary_dim = *rd;
   // Interleaved pairs: GPT-J / CodeGen (rotate_every_two); Cohere / Cohere2, GLM / GLM-4, Helium and
   // ERNIE 4.5 (their rotate_half pairs x[2i] with x[2i+1], the frequencies repeat_interleaved: modeling_cohere,
   // modeling_glm); Llama 4 and DeepSeek-V2 (complex pairs of adjacent dims, view_as_complex) and V3
   // unless rope_interleave is false (apply_rotary_pos_emb_interleave: q and k de-interleaved alike
   // before rotate_half, so the scores are those of adjacent pairs). GLM-4.5 (glm4_moe) rotates halves.
-  const bool interleaved = one_of(mt, {"gptj", "codegen", "cohere", "cohere2", "glm", "glm4", "helium", "ernie4_5",
-                                       "ernie4_5_moe", "llama4", "llama4_text", "deepseek_v2"}) ||
+  const bool interleaved = one_of(mt, {"gptj", "codegen", "cohere", "cohere2", "glm", "glm4", "glm4v", "glm4v_text",
+                                       "helium", "ernie4_5", "ernie4_5_moe", "llama4", "llama4_text", "deepseek_v2"}) ||
                            (mt == "deepseek_v3" && get<bool>(cfg, {"rope_interleave"}).value_or(true));
   r.layout = interleaved ? rope_layout::interleaved : rope_layout::half;
   r.max_position_embeddings = get<std::int64_t>(cfg, {"max_position_embeddings", "n_positions", "max_seq_len"});
@@ -342,6 +367,8 @@ namespace detail {
 /// ALiBi heads and max_bias: BLOOM (n_head), Falcon (num_attention_heads / n_head), MPT (n_heads,
 /// attn_config.alibi_bias_max, default 8). The form is the paper's causal one, -m (q - k): BLOOM's
 /// +m k differs from it by a per-row constant, which the causal softmax of these decoders cancels.
+/// Falcon's slopes are scaled by head_dim^-1/2 (it adds the bias before the logit scale:
+/// FalconAttention, alibi_config::slope_scale).
 [[nodiscard]] inline alibi_config alibi_config_from_hf(const nlohmann::json& cfg) {
   using detail::get;
   require(cfg.is_object(), "config", "must be a JSON object");
@@ -351,6 +378,8 @@ namespace detail {
   if (const detail::json* attn = detail::find_key(cfg, {"attn_config"}); attn && attn->is_object())
     a.max_bias = get<double>(*attn, {"alibi_bias_max"}).value_or(8.0);
   a.form = alibi_form::causal;
+  if (detail::one_of(detail::model_type(cfg), {"falcon", "RefinedWeb", "RefinedWebModel"}))
+    a.slope_scale = 1.0 / std::sqrt(static_cast<double>(detail::head_dim(cfg, "alibi")));
   return a;
 }
 
@@ -376,19 +405,28 @@ struct learned_spec {
 
 /// Learned absolute positions: GPT-2 (n_positions, n_embd), BERT / RoBERTa / OPT / BART
 /// (max_position_embeddings, hidden_size / d_model), MPT without ALiBi
-/// (max_seq_len, d_model). OPT and BART look position p up at row p + 2 and size their table
-/// max_position_embeddings + 2 (OPTLearnedPositionalEmbedding, BartLearnedPositionalEmbedding);
+/// (max_seq_len, d_model). OPT, BART, mBART and BioGPT look position p up at row p + 2 and size their
+/// table max_position_embeddings + 2 (OPTLearnedPositionalEmbedding, BartLearnedPositionalEmbedding,
+/// BioGptLearnedPositionalEmbedding); Blenderbot's tables have no offset (arange positions);
 /// RoBERTa-style models start real tokens at padding_idx + 1 within max_position_embeddings rows.
+/// ELECTRA's table is embedding_size wide (default 128), not hidden_size. A BERT-style config whose
+/// position_embedding_type is not "absolute" (relative_key, relative_key_query) adds no table to its
+/// embeddings (its checkpoint still holds an unused one): an error.
 [[nodiscard]] inline learned_spec learned_spec_from_hf(const nlohmann::json& cfg) {
   using detail::get;
   require(cfg.is_object(), "config", "must be a JSON object");
   const std::string mt = detail::model_type(cfg);
   learned_spec s;
+  const std::string position_type = get<std::string>(cfg, {"position_embedding_type"}).value_or("absolute");
+  require(position_type == "absolute", "position_embedding_type",
+          "is not absolute: the model adds relative-distance terms to its logits, not a learned table", position_type,
+          " for model_type ", mt);
   const index_t n =
       detail::need<index_t>(cfg, {"max_position_embeddings", "n_positions", "max_seq_len"}, "learned positions");
-  s.d_model = detail::need<index_t>(cfg, detail::hidden_keys, "learned positions");
+  s.d_model = mt == "electra" ? get<index_t>(cfg, {"embedding_size"}).value_or(128)
+                              : detail::need<index_t>(cfg, detail::hidden_keys, "learned positions");
   s.max_positions = n;
-  if (detail::one_of(mt, {"opt", "bart", "mbart", "blenderbot", "blenderbot-small", "marian"})) {
+  if (detail::one_of(mt, {"opt", "bart", "mbart", "biogpt"})) {
     s.options.offset = 2;
     s.max_positions = n + 2;
   } else if (detail::one_of(mt, {"roberta", "xlm-roberta", "camembert", "longformer", "xlm-roberta-xl"})) {
@@ -783,8 +821,9 @@ struct hf_family {
 namespace detail {
 
 inline bool is_t5(const json& c) {
+  // MPNet has relative_attention_num_buckets too, but scales its logits and adds a learned table
   return one_of(model_type(c), {"t5", "mt5", "umt5", "longt5", "switch_transformers"}) ||
-         find_key(c, {"relative_attention_num_buckets"}) != nullptr;
+         (find_key(c, {"relative_attention_num_buckets"}) != nullptr && model_type(c) != "mpnet");
 }
 inline bool is_alibi(const json& c) {
   const std::string mt = model_type(c);
@@ -808,9 +847,11 @@ inline bool is_rope(const json& c) {
 inline bool is_learned(const json& c) {
   const std::string mt = model_type(c);
   if (mt == "mpt") return true;  // reached only when ALiBi is off: learned_pos_emb
-  return one_of(mt, {"gpt2", "gpt_neo", "opt", "bart", "mbart", "blenderbot", "blenderbot-small", "marian", "bert",
-                     "roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "distilbert", "electra", "longformer",
-                     "biogpt", "gpt_bigcode"});
+  // Marian's positions are a sinusoid computed at load (MarianSinusoidalPositionalEmbedding, left out of
+  // its checkpoints), not a learned table
+  return one_of(mt, {"gpt2", "gpt_neo", "opt", "bart", "mbart", "blenderbot", "blenderbot-small", "bert", "roberta",
+                     "xlm-roberta", "xlm-roberta-xl", "camembert", "distilbert", "electra", "longformer", "biogpt",
+                     "gpt_bigcode"});
 }
 
 }  // namespace detail
