@@ -1051,7 +1051,8 @@ TEST_CASE("hf_config: learned tables of Blenderbot, BioGPT and ELECTRA; Marian, 
                     Catch::Contains("cannot tell the positional encoding of model_type 'mpnet'"));
 }
 
-TEST_CASE("hf_config: Falcon's ALiBi slopes, PhiMoE's mscale, Hunyuan's alpha; M-RoPE refused", "[io][hf_config]") {
+TEST_CASE("hf_config: Falcon's ALiBi slopes, PhiMoE's mscale, Hunyuan's alpha, MiniMax-M2's rotary_dim; M-RoPE refused",
+          "[io][hf_config]") {
   // tiiuae/falcon-rw-1b: FalconAttention computes (q k^T + alibi) * head_dim^-1/2, so each BLOOM slope
   // 2^(-8 (h+1) / 32) reaches the softmax divided by sqrt(64).
   const posenc::alibi frw(posenc::io::alibi_config_from_hf(config("falcon-rw-1b")));
@@ -1089,4 +1090,13 @@ TEST_CASE("hf_config: Falcon's ALiBi slopes, PhiMoE's mscale, Hunyuan's alpha; M
   const json glm = json::parse(R"({"model_type": "glm4v_text", "hidden_size": 4096, "num_attention_heads": 32,
     "num_key_value_heads": 2, "partial_rotary_factor": 0.5, "rope_theta": 10000.0})");
   CHECK(posenc::io::rope_config_from_hf(glm).layout == posenc::rope_layout::interleaved);
+
+  // MiniMaxAI/MiniMax-M2: rotary_dim 64 of head_dim 128, rotate-half on the first 64 dims with
+  // theta^(-2i / 64) (MiniMaxM2RotaryEmbedding); the other 64 pass through.
+  const json mm = json::parse(R"({"model_type": "minimax_m2", "hidden_size": 3072, "num_attention_heads": 48,
+    "num_key_value_heads": 8, "head_dim": 128, "rotary_dim": 64, "rope_theta": 5000000})");
+  const posenc::rope mr(posenc::io::rope_config_from_hf(mm));
+  CHECK(mr.rotary_dim() == 64);
+  CHECK(mr.layout() == posenc::rope_layout::half);
+  check_close(mr.inv_freq(), plain_inv_freq(5000000.0, 64));
 }

@@ -327,7 +327,10 @@ namespace detail {
     r.rope_theta *= std::pow(*alpha, d / (d - 2.0));
     r.scaling = rope_scaling{};
   }
-  if (auto rd = get<index_t>(cfg, {"rotary_dim"}); rd && one_of(mt, {"gptj", "codegen"})) r.rotary_dim = *rd;
+  // An explicit rotary_dim: GPT-J and CodeGen (rotate_every_two on the first rotary_dim dims) and MiniMax-M2
+  // (rotate_half on the first 64 of 128 dims, frequencies over the rotary dims: MiniMaxM2RotaryEmbedding).
+  if (auto rd = get<index_t>(cfg, {"rotary_dim"}); rd && one_of(mt, {"gptj", "codegen", "minimax_m2"}))
+    r.rotary_dim = *rd;
   // Interleaved pairs: GPT-J / CodeGen (rotate_every_two); Cohere / Cohere2, GLM / GLM-4, Helium and
   // ERNIE 4.5 (their rotate_half pairs x[2i] with x[2i+1], the frequencies repeat_interleaved: modeling_cohere,
   // modeling_glm); Llama 4 and DeepSeek-V2 (complex pairs of adjacent dims, view_as_complex) and V3
