@@ -952,6 +952,11 @@ TEST_CASE("hf_config: logit scales of GPT-Neo, GPT-2 and Falcon-H1, Ministral 3'
   CHECK(*posenc::io::attention_config_from_hf(fh).scale() == Approx(0.390625 / 8.0).epsilon(1e-15));
   fh.erase("key_multiplier");
   CHECK(*posenc::io::attention_config_from_hf(fh).scale() == Approx(1.0 / 8.0).epsilon(1e-15));
+  // mosaicml/mpt-7b: MptAttention's softmax_scale is attn_config.softmax_scale, head_dim^-1/2 when null.
+  json mpt = config("mpt-7b");
+  CHECK_FALSE(posenc::io::attention_config_from_hf(mpt).scale());
+  mpt["attn_config"]["softmax_scale"] = 0.05;
+  CHECK(*posenc::io::attention_config_from_hf(mpt).options(0).scale == 0.05);
 
   // mistralai/Ministral-3-8B-Instruct-2512: Ministral3Attention multiplies each query by
   // 1 + beta ln(1 + floor(p / original_max_position_embeddings)).
@@ -967,6 +972,9 @@ TEST_CASE("hf_config: logit scales of GPT-Neo, GPT-2 and Falcon-H1, Ministral 3'
     CHECK(ma.query_scale(p) == Approx(1.0 + 0.1 * std::log(1.0 + std::floor(p / 16384.0))).epsilon(1e-15));
   }
   CHECK(posenc::io::attention_config_from_hf(config("llama-3.1-8b")).query_scale(100000) == 1.0);
+  posenc::io::model_attention_config by_hand;
+  by_hand.query_scale_beta = 0.1;  // without a period
+  CHECK_THROWS_WITH(by_hand.query_scale(5), Catch::Contains("query_scale_period: must be > 0"));
   mi["text_config"]["rope_parameters"].erase("original_max_position_embeddings");
   mi["text_config"]["rope_parameters"]["rope_type"] = "default";
   CHECK_THROWS_WITH(posenc::io::attention_config_from_hf(mi),
@@ -1099,4 +1107,56 @@ TEST_CASE("hf_config: Falcon's ALiBi slopes, PhiMoE's mscale, Hunyuan's alpha, M
   CHECK(mr.rotary_dim() == 64);
   CHECK(mr.layout() == posenc::rope_layout::half);
   check_close(mr.inv_freq(), plain_inv_freq(5000000.0, 64));
+}
+
+TEST_CASE("hf_config: keys a config leaves out take its configuration class's defaults", "[io][hf_config]") {
+  // The defaults of transformers' configuration classes (MistralConfig(num_key_value_heads=8,
+  // sliding_window=4096), Qwen3Config(head_dim=128), GPTNeoXConfig(rotary_pct=0.25), ...), read off the
+  // sources; -1 = the generic fallback (kv heads = heads, head_dim = hidden / heads, theta 10000, all dims).
+  struct expected {
+    const char* model_type;
+    posenc::index_t kv_heads, head_dim, window;
+    double theta, partial;
+  };
+  const expected rows[] = {
+      {"mistral", 8, -1, 4096, -1, -1},  {"ministral", 8, -1, 4096, -1, -1},  {"mixtral", 8, -1, -1, 1e6, -1},
+      {"phimoe", 8, -1, -1, 1e6, -1},    {"qwen3", -1, 128, -1, -1, -1},      {"qwen3_moe", 4, -1, -1, -1, -1},
+      {"starcoder2", 2, -1, -1, -1, -1}, {"stablelm", -1, -1, -1, -1, 0.25},  {"persimmon", -1, -1, -1, 25000, 0.5},
+      {"phi", -1, -1, -1, -1, 0.5},      {"nemotron", -1, -1, -1, -1, 0.5},   {"gpt_neox", -1, -1, -1, -1, 0.25},
+      {"gemma", -1, 256, -1, -1, -1},    {"olmo3", -1, -1, 4096, 500000, -1}, {"exaone4", -1, -1, 4096, -1, -1},
+      {"seed_oss", 8, 128, -1, -1, -1},  {"glm4_moe", 8, -1, -1, -1, 0.5},    {"lfm2", 8, -1, -1, 1e6, -1},
+      {"bamba", 8, -1, -1, -1, 0.5},     {"bitnet", 5, -1, -1, 500000, -1},   {"minimax", -1, -1, -1, 1e6, -1},
+      {"apertus", -1, -1, -1, 12e6, -1}, {"csm", 8, -1, -1, 500000, -1},      {"llama", -1, -1, -1, -1, -1},
+  };
+  for (const expected& e : rows) {
+    INFO(e.model_type);
+    const json c = {
+        {"model_type", e.model_type}, {"hidden_size", 2560}, {"num_attention_heads", 40}, {"num_hidden_layers", 8}};
+    const auto a = posenc::io::attention_config_from_hf(c);
+    CHECK(a.num_key_value_heads == (e.kv_heads > 0 ? e.kv_heads : 40));
+    CHECK(a.head_dim == (e.head_dim > 0 ? e.head_dim : 64));
+    CHECK(a.sliding_window == (e.window > 0 ? e.window : 0));
+    const posenc::rope_config r = posenc::io::rope_config_from_hf(c);
+    CHECK(r.head_dim == a.head_dim);
+    CHECK(r.rope_theta == (e.theta > 0 ? e.theta : 10000.0));
+    CHECK(r.partial_rotary_factor == (e.partial > 0 ? e.partial : 1.0));
+  }
+  // GPT-J and CodeGen rotate rotary_dim = 64 dims unless the config says otherwise.
+  const json gj = {{"model_type", "gptj"}, {"n_embd", 4096}, {"n_head", 16}};
+  CHECK(posenc::io::rope_config_from_hf(gj).rotary_dim == 64);
+  // MistralConfig's window applies only when the key is absent: null (Mistral-7B-v0.3) is no window, and a
+  // value given wins; OLMo 3's and EXAONE 4.0's default window takes every 4th layer out.
+  json m = {{"model_type", "mistral"},
+            {"hidden_size", 4096},
+            {"num_attention_heads", 32},
+            {"num_hidden_layers", 4},
+            {"sliding_window", nullptr}};
+  CHECK(posenc::io::attention_config_from_hf(m).sliding_window == 0);
+  m["sliding_window"] = 1024;
+  CHECK(posenc::io::attention_config_from_hf(m).sliding_window == 1024);
+  for (const char* mt : {"olmo3", "exaone4"}) {
+    const auto a = posenc::io::attention_config_from_hf(
+        json{{"model_type", mt}, {"hidden_size", 4096}, {"num_attention_heads", 32}, {"num_hidden_layers", 8}});
+    for (posenc::index_t l = 0; l < 8; ++l) CHECK(a.layer_window(l) == ((l + 1) % 4 != 0 ? 4096 : 0));
+  }
 }

@@ -137,9 +137,63 @@ inline const std::initializer_list<std::string_view> hidden_keys = {"hidden_size
 inline const std::initializer_list<std::string_view> heads_keys = {"num_attention_heads", "n_head", "n_heads",
                                                                    "num_heads"};
 
-/// head_dim (T5's d_kv), else hidden_size / num_attention_heads (HF's default in every decoder config class).
+/// What transformers' configuration class of a model gives a key that its config.json leaves out, where
+/// that differs from the generic fallback (kv heads = heads, head_dim = hidden / heads, rope_theta 10000,
+/// the whole head rotated, no window). Published configs write these keys (to_diff_dict keeps every
+/// model-specific one); a config written by hand may not, and then reads as transformers reads it.
+struct class_defaults {
+  std::string_view model_type;
+  std::optional<index_t> kv_heads{}, head_dim{}, rotary_dim{}, sliding_window{};
+  std::optional<double> rope_theta{}, partial_rotary_factor{};
+};
+
+/// The class defaults of `model_type` (MistralConfig, Qwen3Config, GPTNeoXConfig, ...), or null.
+[[nodiscard]] inline const class_defaults* defaults_of(std::string_view model_type) {
+  static const class_defaults table[] = {
+      {.model_type = "mistral", .kv_heads = 8, .sliding_window = 4096},
+      {.model_type = "ministral", .kv_heads = 8, .sliding_window = 4096},
+      {.model_type = "mixtral", .kv_heads = 8, .rope_theta = 1e6},
+      {.model_type = "phimoe", .kv_heads = 8, .rope_theta = 1e6},
+      {.model_type = "qwen3", .head_dim = 128},
+      {.model_type = "qwen3_moe", .kv_heads = 4},
+      {.model_type = "starcoder2", .kv_heads = 2},
+      {.model_type = "stablelm", .partial_rotary_factor = 0.25},
+      {.model_type = "persimmon", .rope_theta = 25000.0, .partial_rotary_factor = 0.5},
+      {.model_type = "phi", .partial_rotary_factor = 0.5},
+      {.model_type = "nemotron", .partial_rotary_factor = 0.5},
+      {.model_type = "gpt_neox", .partial_rotary_factor = 0.25},
+      {.model_type = "gptj", .rotary_dim = 64},
+      {.model_type = "codegen", .rotary_dim = 64},
+      {.model_type = "gemma", .head_dim = 256},
+      {.model_type = "olmo3", .sliding_window = 4096, .rope_theta = 500000.0},
+      {.model_type = "exaone4", .sliding_window = 4096},
+      {.model_type = "seed_oss", .kv_heads = 8, .head_dim = 128},
+      {.model_type = "glm4_moe", .kv_heads = 8, .partial_rotary_factor = 0.5},
+      {.model_type = "jamba", .kv_heads = 8},
+      {.model_type = "lfm2", .kv_heads = 8, .rope_theta = 1e6},
+      {.model_type = "bamba", .kv_heads = 8, .partial_rotary_factor = 0.5},
+      {.model_type = "bitnet", .kv_heads = 5, .rope_theta = 500000.0},
+      {.model_type = "minimax", .rope_theta = 1e6},
+      {.model_type = "apertus", .rope_theta = 12e6},
+      {.model_type = "csm", .kv_heads = 8, .rope_theta = 500000.0},
+  };
+  for (const class_defaults& d : table)
+    if (d.model_type == model_type) return &d;
+  return nullptr;
+}
+
+/// defaults_of(model_type(cfg))->*field when there is one, else `fallback`.
+template <class V>
+[[nodiscard]] V class_default(const json& cfg, std::optional<V> class_defaults::*field, V fallback) {
+  const class_defaults* d = defaults_of(model_type(cfg));
+  return d != nullptr && (d->*field).has_value() ? *(d->*field) : fallback;
+}
+
+/// head_dim (T5's d_kv), else the class default (Gemma, Qwen3), else hidden_size / num_attention_heads
+/// (HF's default in every other decoder config class).
 [[nodiscard]] inline index_t head_dim(const json& cfg, std::string_view family) {
   if (auto h = get<index_t>(cfg, {"head_dim", "d_kv"}); h) return *h;
+  if (const class_defaults* d = defaults_of(model_type(cfg)); d != nullptr && d->head_dim) return *d->head_dim;
   const std::string what = std::string(family) + " (head_dim, or hidden_size / num_attention_heads)";
   const auto hidden = need<index_t>(cfg, hidden_keys, what);
   const auto heads = need<index_t>(cfg, heads_keys, what);
@@ -294,11 +348,13 @@ namespace detail {
   // A rope_theta / partial_rotary_factor inside the block overrides the top-level one (rope_parameters).
   const json& theta_keys = mt == "dbrx" ? dbrx_attention(cfg) : cfg;
   r.rope_theta = get<double>(b, {"rope_theta"})
-                     .value_or(get<double>(theta_keys, {"rope_theta", "rotary_emb_base"}).value_or(10000.0));
+                     .value_or(get<double>(theta_keys, {"rope_theta", "rotary_emb_base"})
+                                   .value_or(class_default(cfg, &class_defaults::rope_theta, 10000.0)));
   if (auto f = get<double>(b, {"partial_rotary_factor"}); f)
     r.partial_rotary_factor = *f;
   else
-    r.partial_rotary_factor = get<double>(cfg, {"partial_rotary_factor", "rotary_pct"}).value_or(1.0);
+    r.partial_rotary_factor = get<double>(cfg, {"partial_rotary_factor", "rotary_pct"})
+                                  .value_or(class_default(cfg, &class_defaults::partial_rotary_factor, 1.0));
   // Gemma 3 (transformers 4.5x): the sliding layers rotate with rope_local_base_freq and no scaling
   // (Gemma3TextModel.rotary_emb_local); v5 writes that as the block's sliding_attention entry instead.
   if (layer_kind == "sliding_attention" && !keyed_by_layer) {
@@ -329,8 +385,10 @@ namespace detail {
   }
   // An explicit rotary_dim: GPT-J and CodeGen (rotate_every_two on the first rotary_dim dims) and MiniMax-M2
   // (rotate_half on the first 64 of 128 dims, frequencies over the rotary dims: MiniMaxM2RotaryEmbedding).
-  if (auto rd = get<index_t>(cfg, {"rotary_dim"}); rd && one_of(mt, {"gptj", "codegen", "minimax_m2"}))
-    r.rotary_dim = *rd;
+  if (one_of(mt, {"gptj", "codegen", "minimax_m2"})) {
+    r.rotary_dim = get<index_t>(cfg, {"rotary_dim"});
+    if (const class_defaults* d = defaults_of(mt); !r.rotary_dim && d != nullptr) r.rotary_dim = d->rotary_dim;
+  }
   // Interleaved pairs: GPT-J / CodeGen (rotate_every_two); Cohere / Cohere2, GLM / GLM-4, Helium and
   // ERNIE 4.5 (their rotate_half pairs x[2i] with x[2i+1], the frequencies repeat_interleaved: modeling_cohere,
   // modeling_glm); Llama 4 and DeepSeek-V2 (complex pairs of adjacent dims, view_as_complex) and V3
@@ -490,7 +548,8 @@ struct model_attention_config {
   /// (GraniteAttention.scaling, 1 by default); Gemma 3n's 1 (Gemma3nTextAttention.scaling: its q and k
   /// are RMS-normed instead); 1 for GPT-Neo (GPTNeoSelfAttention._attn does not scale) and for GPT-2 /
   /// GPTBigCode with scale_attn_weights false; Falcon-H1's key_multiplier x head_dim^-1/2
-  /// (FalconH1Attention multiplies the keys by it: pass k_proj's keys unscaled).
+  /// (FalconH1Attention multiplies the keys by it: pass k_proj's keys unscaled); MPT's
+  /// attn_config.softmax_scale when set (MptAttention).
   std::optional<double> logit_scale{};
   /// GPT-2's scale_attn_by_inverse_layer_idx: layer l's logits are divided by l + 1 as well
   /// (GPT2Attention._attn); options(layer) applies it.
@@ -512,6 +571,7 @@ struct model_attention_config {
   [[nodiscard]] double query_scale(std::int64_t position) const {
     if (query_scale_beta == 0.0) return 1.0;
     require(position >= 0, "position", "must be >= 0", position);
+    require(query_scale_period > 0, "query_scale_period", "must be > 0 with a query_scale_beta", query_scale_period);
     return 1.0 + query_scale_beta *
                      std::log1p(std::floor(static_cast<double>(position) / static_cast<double>(query_scale_period)));
   }
@@ -631,7 +691,7 @@ inline void read_gpt_neo_windows(const json& cfg, model_attention_config& a) {
 /// Which layers slide: layer_types when present; else Gemma 2 the even layers (Gemma2DecoderLayer);
 /// Qwen2 / Qwen3 (-MoE) the layers from max_window_layers on (default 28, Qwen2Config.layer_types); a
 /// model with a sliding_window_pattern P all but every P-th layer, (i + 1) % P != 0 (Gemma3DecoderLayer,
-/// Cohere2Attention, Olmo3Config; P defaults to 6 for Gemma 3, 4 for Cohere2 and OLMo 3); GPT-Neo its
+/// Cohere2Attention, Olmo3Config; P defaults to 6 for Gemma 3, 4 for Cohere2, OLMo 3 and EXAONE 4.0); GPT-Neo its
 /// local layers (read_gpt_neo_windows); every other model every layer (Mistral).
 inline void read_window_layers(const json& cfg, model_attention_config& a) {
   const std::string& mt = a.model_type;
@@ -640,7 +700,10 @@ inline void read_window_layers(const json& cfg, model_attention_config& a) {
   // sliding with the query: no attention_options does that.
   require(find_key(cfg, {"attention_chunk_size"}) == nullptr, "attention_chunk_size",
           "chunked attention (Llama 4) is not supported");
-  a.sliding_window = get<index_t>(cfg, {"sliding_window", "sliding_window_size"}).value_or(0);
+  // absent: the class default (MistralConfig's 4096); null: no window
+  const bool window_key = cfg.contains("sliding_window") || cfg.contains("sliding_window_size");
+  a.sliding_window = window_key ? get<index_t>(cfg, {"sliding_window", "sliding_window_size"}).value_or(0)
+                                : class_default<index_t>(cfg, &class_defaults::sliding_window, 0);
   require(a.sliding_window >= 0, "sliding_window", "must be >= 0 or null", a.sliding_window);
   const bool qwen = one_of(mt, {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"});
   if (!get<bool>(cfg, {"use_sliding_window"}).value_or(!(qwen || mt == "smollm3"))) a.sliding_window = 0;
@@ -670,7 +733,7 @@ inline void read_window_layers(const json& cfg, model_attention_config& a) {
   require(mt != "smollm3", "layer_types", "are needed to tell the sliding layers of model_type smollm3");
   std::optional<index_t> pattern = get<index_t>(cfg, {"sliding_window_pattern"});
   if (!pattern && one_of(mt, {"gemma3", "gemma3_text"})) pattern = 6;
-  if (!pattern && one_of(mt, {"cohere2", "olmo3"})) pattern = 4;
+  if (!pattern && one_of(mt, {"cohere2", "olmo3", "exaone4"})) pattern = 4;
   if (mt != "gemma2" && !qwen && !pattern) return;  // every layer
   if (pattern) require(*pattern > 0, "sliding_window_pattern", "must be > 0", *pattern);
   const index_t first_window_layer = qwen ? get<index_t>(cfg, {"max_window_layers"}).value_or(28) : 0;
@@ -734,7 +797,9 @@ inline void read_rope_layers(const json& cfg, model_attention_config& a) {
   detail::refuse_unsupported_attention(cfg);
   a.num_attention_heads = detail::need<index_t>(cfg, detail::heads_keys, "attention");
   require(a.num_attention_heads > 0, "num_attention_heads", "must be > 0", a.num_attention_heads);
-  a.num_key_value_heads = get<index_t>(cfg, {"num_key_value_heads", "n_head_kv", "num_kv_heads"}).value_or(a.num_attention_heads);
+  a.num_key_value_heads =
+      get<index_t>(cfg, {"num_key_value_heads", "n_head_kv", "num_kv_heads"})
+          .value_or(detail::class_default(cfg, &detail::class_defaults::kv_heads, a.num_attention_heads));
   if (detail::one_of(mt, {"falcon", "RefinedWeb", "RefinedWebModel"}) &&
       !get<bool>(cfg, {"new_decoder_architecture"}).value_or(false) && get<bool>(cfg, {"multi_query"}).value_or(true))
     a.num_key_value_heads = 1;
@@ -773,6 +838,11 @@ inline void read_rope_layers(const json& cfg, model_attention_config& a) {
   if (detail::one_of(mt, {"gpt2", "gpt_bigcode"}) && !get<bool>(cfg, {"scale_attn_weights"}).value_or(true))
     a.logit_scale = 1.0;
   a.scale_by_inverse_layer = mt == "gpt2" && get<bool>(cfg, {"scale_attn_by_inverse_layer_idx"}).value_or(false);
+  if (const detail::json* attn = detail::find_key(cfg, {"attn_config"}); mt == "mpt" && attn && attn->is_object())
+    if (auto s = get<double>(*attn, {"softmax_scale"}); s) {
+      require(*s > 0.0 && std::isfinite(*s), "attn_config.softmax_scale", "must be finite and > 0, or null", *s);
+      a.logit_scale = *s;
+    }
   if (mt == "falcon_h1") {
     const double m = get<double>(cfg, {"key_multiplier"}).value_or(1.0);
     require(m > 0.0 && std::isfinite(m), "key_multiplier", "must be finite and > 0", m);
