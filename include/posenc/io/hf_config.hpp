@@ -775,6 +775,47 @@ inline void read_rope_layers(const json& cfg, model_attention_config& a) {
   }
 }
 
+/// The logit scale where a model sets its own (attention_config_from_hf, after the head sizes): Granite's
+/// attention_multiplier (GraniteAttention.scaling, default 1); 1 for Gemma 3n (Gemma3nTextAttention: q and k
+/// are RMS-normed), GPT-Neo (GPTNeoSelfAttention._attn does not scale) and GPT-2 / GPTBigCode with
+/// scale_attn_weights false; GPT-2's scale_attn_by_inverse_layer_idx; MPT's attn_config.softmax_scale when
+/// set (MptAttention); Falcon-H1's key_multiplier x head_dim^-1/2 (FalconH1Attention scales the keys).
+inline void read_logit_scale(const json& cfg, model_attention_config& a) {
+  const std::string& mt = a.model_type;
+  if (one_of(mt, {"granite", "granitemoe", "granitemoeshared", "granitemoehybrid"})) {
+    a.logit_scale = get<double>(cfg, {"attention_multiplier"}).value_or(1.0);
+    require(*a.logit_scale > 0.0 && std::isfinite(*a.logit_scale), "attention_multiplier", "must be finite and > 0",
+            *a.logit_scale);
+  }
+  if (one_of(mt, {"gemma3n", "gemma3n_text", "gpt_neo"})) a.logit_scale = 1.0;
+  if (one_of(mt, {"gpt2", "gpt_bigcode"}) && !get<bool>(cfg, {"scale_attn_weights"}).value_or(true))
+    a.logit_scale = 1.0;
+  a.scale_by_inverse_layer = mt == "gpt2" && get<bool>(cfg, {"scale_attn_by_inverse_layer_idx"}).value_or(false);
+  if (const json* attn = find_key(cfg, {"attn_config"}); mt == "mpt" && attn && attn->is_object())
+    if (auto s = get<double>(*attn, {"softmax_scale"}); s) {
+      require(*s > 0.0 && std::isfinite(*s), "attn_config.softmax_scale", "must be finite and > 0, or null", *s);
+      a.logit_scale = *s;
+    }
+  if (mt == "falcon_h1") {
+    const double m = get<double>(cfg, {"key_multiplier"}).value_or(1.0);
+    require(m > 0.0 && std::isfinite(m), "key_multiplier", "must be finite and > 0", m);
+    a.logit_scale = m / std::sqrt(static_cast<double>(a.head_dim));
+  }
+}
+
+/// Ministral 3's query temperature: the rope block's llama_4_scaling_beta over periods of its
+/// original_max_position_embeddings (Ministral3Attention; model_attention_config::query_scale).
+inline void read_query_scale(const json& cfg, model_attention_config& a) {
+  const json* block = rope_block(cfg, "full_attention");
+  if (block == nullptr) return;
+  const auto beta = get<double>(*block, {"llama_4_scaling_beta"});
+  if (!beta || *beta == 0.0) return;
+  a.query_scale_period = need<std::int64_t>(*block, {"original_max_position_embeddings"}, "llama_4_scaling_beta");
+  require(std::isfinite(*beta) && a.query_scale_period > 0, "llama_4_scaling_beta",
+          "must be finite, with original_max_position_embeddings > 0", *beta, ", ", a.query_scale_period);
+  a.query_scale_beta = *beta;
+}
+
 }  // namespace detail
 
 /// Reads model_attention_config from a config.json (a multimodal config's `text_config` when the
@@ -784,7 +825,7 @@ inline void read_rope_layers(const json& cfg, model_attention_config& a) {
 /// DeepSeek-V2/V3's MLA heads are qk_nope_head_dim + qk_rope_head_dim for q and k and v_head_dim for v.
 /// JetMoE, Zamba2, Doge and DiffLlama are refused (detail::refuse_unsupported_attention). Which layers
 /// slide: detail::read_window_layers (layer_types, transformers >= 4.53, when present; else each model's rule);
-/// which rotate: detail::read_rope_layers.
+/// which rotate: detail::read_rope_layers; the logit scale: detail::read_logit_scale.
 [[nodiscard]] inline model_attention_config attention_config_from_hf(const nlohmann::json& top) {
   using detail::get;
   require(top.is_object(), "config", "must be a JSON object");
@@ -829,34 +870,9 @@ inline void read_rope_layers(const json& cfg, model_attention_config& a) {
   if (a.query_pre_attn_scalar)
     require(*a.query_pre_attn_scalar > 0.0 && std::isfinite(*a.query_pre_attn_scalar), "query_pre_attn_scalar",
             "must be finite and > 0", *a.query_pre_attn_scalar);
-  if (detail::one_of(mt, {"granite", "granitemoe", "granitemoeshared", "granitemoehybrid"})) {
-    a.logit_scale = get<double>(cfg, {"attention_multiplier"}).value_or(1.0);
-    require(*a.logit_scale > 0.0 && std::isfinite(*a.logit_scale), "attention_multiplier", "must be finite and > 0",
-            *a.logit_scale);
-  }
-  if (detail::one_of(mt, {"gemma3n", "gemma3n_text"}) || mt == "gpt_neo") a.logit_scale = 1.0;
-  if (detail::one_of(mt, {"gpt2", "gpt_bigcode"}) && !get<bool>(cfg, {"scale_attn_weights"}).value_or(true))
-    a.logit_scale = 1.0;
-  a.scale_by_inverse_layer = mt == "gpt2" && get<bool>(cfg, {"scale_attn_by_inverse_layer_idx"}).value_or(false);
-  if (const detail::json* attn = detail::find_key(cfg, {"attn_config"}); mt == "mpt" && attn && attn->is_object())
-    if (auto s = get<double>(*attn, {"softmax_scale"}); s) {
-      require(*s > 0.0 && std::isfinite(*s), "attn_config.softmax_scale", "must be finite and > 0, or null", *s);
-      a.logit_scale = *s;
-    }
-  if (mt == "falcon_h1") {
-    const double m = get<double>(cfg, {"key_multiplier"}).value_or(1.0);
-    require(m > 0.0 && std::isfinite(m), "key_multiplier", "must be finite and > 0", m);
-    a.logit_scale = m / std::sqrt(static_cast<double>(a.head_dim));
-  }
+  detail::read_logit_scale(cfg, a);
   a.has_sinks = mt == "gpt_oss";
-  if (const detail::json* block = detail::rope_block(cfg, "full_attention"); block != nullptr)
-    if (auto beta = get<double>(*block, {"llama_4_scaling_beta"}); beta && *beta != 0.0) {
-      a.query_scale_period =
-          detail::need<std::int64_t>(*block, {"original_max_position_embeddings"}, "llama_4_scaling_beta");
-      require(std::isfinite(*beta) && a.query_scale_period > 0, "llama_4_scaling_beta",
-              "must be finite, with original_max_position_embeddings > 0", *beta, ", ", a.query_scale_period);
-      a.query_scale_beta = *beta;
-    }
+  detail::read_query_scale(cfg, a);
   return a;
 }
 
