@@ -420,7 +420,8 @@ TEST_CASE("hf_config: attention of gpt-oss-20b (sinks, layer_types, window 128)"
                     Catch::Contains("layer_types: entries must be sliding_attention or full_attention"));
   bad = g;
   bad["layer_types"].erase(0);
-  CHECK_THROWS_WITH(posenc::io::attention_config_from_hf(bad), Catch::Contains("layer_types: must have num_hidden_layers"));
+  CHECK_THROWS_WITH(posenc::io::attention_config_from_hf(bad),
+                    Catch::Contains("layer_types: must have an entry per layer (num_hidden_layers)"));
 }
 
 TEST_CASE("hf_config: attention of Llama-3.1-8B (no window) and Qwen2 (use_sliding_window)", "[io][hf_config]") {
@@ -926,7 +927,7 @@ TEST_CASE("hf_config: logit scales of GPT-Neo, GPT-2 and Falcon-H1, Ministral 3'
   CHECK(a.layer_window(2) == 0);
   neo["attention_types"] = json::parse(R"([[["local", "global"], 2]])");
   CHECK_THROWS_WITH(posenc::io::attention_config_from_hf(neo),
-                    Catch::Contains("attention_layers: must have num_layers entries"));
+                    Catch::Contains("attention_layers: must have an entry per layer (num_hidden_layers)"));
   neo["attention_types"] = json::parse(R"([[["local", "sparse"], 1], [["global"], 1]])");
   CHECK_THROWS_WITH(posenc::io::attention_config_from_hf(neo),
                     Catch::Contains("entries must be global or local (got sparse)"));

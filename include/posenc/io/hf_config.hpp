@@ -131,6 +131,11 @@ template <class V>
   return std::find(set.begin(), set.end(), s) != set.end();
 }
 
+/// Falcon under its model types (RefinedWeb / RefinedWebModel: its first remote-code configs).
+[[nodiscard]] inline bool is_falcon(std::string_view model_type) {
+  return one_of(model_type, {"falcon", "RefinedWeb", "RefinedWebModel"});
+}
+
 /// The aliases of the model width and the head count (the attribute_map of GPT2Config, BloomConfig
 /// (n_embed, read by BloomConfig.__init__), MptConfig and T5Config (num_heads)).
 inline const std::initializer_list<std::string_view> hidden_keys = {"hidden_size", "n_embd", "n_embed", "d_model"};
@@ -439,7 +444,7 @@ namespace detail {
   if (const detail::json* attn = detail::find_key(cfg, {"attn_config"}); attn && attn->is_object())
     a.max_bias = get<double>(*attn, {"alibi_bias_max"}).value_or(8.0);
   a.form = alibi_form::causal;
-  if (detail::one_of(detail::model_type(cfg), {"falcon", "RefinedWeb", "RefinedWebModel"}))
+  if (detail::is_falcon(detail::model_type(cfg)))
     a.slope_scale = 1.0 / std::sqrt(static_cast<double>(detail::head_dim(cfg, "alibi")));
   return a;
 }
@@ -654,6 +659,14 @@ template <class Rule>
   return v;
 }
 
+/// A per-layer list of `n` entries (`key`) gives the layer count: it must match num_hidden_layers when the
+/// config has one, and sets it otherwise.
+inline void take_layer_count(model_attention_config& a, std::size_t n, std::string_view key) {
+  require(a.num_hidden_layers == 0 || static_cast<index_t>(n) == a.num_hidden_layers, key,
+          "must have an entry per layer (num_hidden_layers)", n, " for ", a.num_hidden_layers);
+  a.num_hidden_layers = static_cast<index_t>(n);
+}
+
 /// GPT-Neo's local layers (GPTNeoSelfAttention: a query at i sees keys i - window_size < j <= i, the
 /// window of attention_options::sliding_window): attention_layers, one "global" or "local" per layer,
 /// else attention_types expanded as GPTNeoConfig.expand_attention_types_params does ([[pattern, n]]:
@@ -666,7 +679,7 @@ inline void read_gpt_neo_windows(const json& cfg, model_attention_config& a) {
     require(layers->is_array(), "attention_layers", "must be a list of \"global\" / \"local\"", layers->dump());
     for (const auto& k : *layers) kinds.push_back(as<std::string>(k, "attention_layers"));
   } else {
-    const json fallback = json::parse(R"([[["global", "local"], 12]])");
+    static const json fallback = json::parse(R"([[["global", "local"], 12]])");
     const json* types = find_key(cfg, {"attention_types"});
     for (const auto& item : types ? *types : fallback) {
       require(item.is_array() && item.size() == 2 && item[0].is_array(), "attention_types",
@@ -677,9 +690,7 @@ inline void read_gpt_neo_windows(const json& cfg, model_attention_config& a) {
         for (const auto& k : item[0]) kinds.push_back(as<std::string>(k, "attention_types"));
     }
   }
-  require(a.num_hidden_layers == 0 || static_cast<index_t>(kinds.size()) == a.num_hidden_layers, "attention_layers",
-          "must have num_layers entries", kinds.size(), " for ", a.num_hidden_layers);
-  a.num_hidden_layers = static_cast<index_t>(kinds.size());
+  take_layer_count(a, kinds.size(), "attention_layers");
   for (const std::string& k : kinds) {
     require(one_of(k, {"global", "local"}), "attention_layers", "entries must be global or local", k);
     a.sliding_layers.push_back(k == "local");
@@ -707,12 +718,9 @@ inline void read_window_layers(const json& cfg, model_attention_config& a) {
   require(a.sliding_window >= 0, "sliding_window", "must be >= 0 or null", a.sliding_window);
   const bool qwen = one_of(mt, {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"});
   if (!get<bool>(cfg, {"use_sliding_window"}).value_or(!(qwen || mt == "smollm3"))) a.sliding_window = 0;
-  const index_t L = a.num_hidden_layers;
   if (const json* types = find_key(cfg, {"layer_types"}); types) {
     require(types->is_array(), "layer_types", "must be an array", types->dump());
-    require(L == 0 || static_cast<index_t>(types->size()) == L, "layer_types", "must have num_hidden_layers entries",
-            types->size(), " for ", L);
-    if (L == 0) a.num_hidden_layers = static_cast<index_t>(types->size());
+    take_layer_count(a, types->size(), "layer_types");
     for (const auto& t : *types) {
       // Besides the two attention kinds: GraniteMoeHybrid's "attention" (full) and the blocks of hybrid
       // models that are not attention at all (Qwen3-Next's and MiniMax's linear_attention, GraniteMoeHybrid's
@@ -841,8 +849,8 @@ inline void read_query_scale(const json& cfg, model_attention_config& a) {
   a.num_key_value_heads =
       get<index_t>(cfg, {"num_key_value_heads", "n_head_kv", "num_kv_heads"})
           .value_or(detail::class_default(cfg, &detail::class_defaults::kv_heads, a.num_attention_heads));
-  if (detail::one_of(mt, {"falcon", "RefinedWeb", "RefinedWebModel"}) &&
-      !get<bool>(cfg, {"new_decoder_architecture"}).value_or(false) && get<bool>(cfg, {"multi_query"}).value_or(true))
+  if (detail::is_falcon(mt) && !get<bool>(cfg, {"new_decoder_architecture"}).value_or(false) &&
+      get<bool>(cfg, {"multi_query"}).value_or(true))
     a.num_key_value_heads = 1;
   // GPTBigCodeAttention: kv_heads = 1 if multi_query (default true) else the query heads; StarCoder's
   // configs carry no num_key_value_heads
