@@ -1161,3 +1161,112 @@ TEST_CASE("hf_config: keys a config leaves out take its configuration class's de
     for (posenc::index_t l = 0; l < 8; ++l) CHECK(a.layer_window(l) == ((l + 1) % 4 != 0 ? 4096 : 0));
   }
 }
+
+TEST_CASE("hf_config: the decoder and encoder stacks of encoder-decoder models; encoder-only BERT is not causal",
+          "[io][hf_config]") {
+  using posenc::io::attention_config_from_hf;
+  using posenc::io::attention_stack;
+  // facebook/blenderbot-3B: BlenderbotConfig's attribute_map points num_attention_heads / num_hidden_layers at
+  // the encoder (its config.json writes num_hidden_layers = encoder_layers = 2); the decoder layers are built
+  // with decoder_attention_heads and there are decoder_layers of them. BlenderbotAttention: head_dim =
+  // d_model // heads (2560 / 32 = 80).
+  const json bb = json::parse(R"({"model_type": "blenderbot", "d_model": 2560, "encoder_attention_heads": 32,
+    "decoder_attention_heads": 32, "encoder_layers": 2, "decoder_layers": 24, "num_hidden_layers": 2,
+    "max_position_embeddings": 128, "is_encoder_decoder": true})");
+  const auto dec = attention_config_from_hf(bb);
+  CHECK(dec.num_attention_heads == 32);
+  CHECK(dec.num_key_value_heads == 32);
+  CHECK(dec.head_dim == 2560 / 32);
+  CHECK(dec.num_hidden_layers == 24);
+  CHECK(dec.causal);
+  CHECK(dec.options(23).causal);
+  CHECK_FALSE(dec.scale().has_value());  // BlenderbotAttention: head_dim^-1/2, the kernel's default
+  const auto enc = attention_config_from_hf(bb, attention_stack::encoder);
+  CHECK(enc.num_hidden_layers == 2);
+  CHECK(enc.head_dim == 80);
+  CHECK_FALSE(enc.causal);
+  CHECK_FALSE(enc.options(1).causal);
+  CHECK(enc.options(1).sliding_window == 0);
+  CHECK_THROWS_WITH(enc.options(2), Catch::Contains("layer: must be in [0, num_hidden_layers)"));
+
+  // Speech2TextConfig: 12 encoder and 6 decoder layers; heads differing per stack read from each stack's key.
+  json s2t = json::parse(R"({"model_type": "speech_to_text", "d_model": 256, "encoder_attention_heads": 4,
+    "decoder_attention_heads": 8, "encoder_layers": 12, "decoder_layers": 6, "max_source_positions": 6000,
+    "max_target_positions": 1024})");
+  CHECK(attention_config_from_hf(s2t).num_attention_heads == 8);
+  CHECK(attention_config_from_hf(s2t).head_dim == 256 / 8);
+  CHECK(attention_config_from_hf(s2t).num_hidden_layers == 6);
+  CHECK(attention_config_from_hf(s2t, attention_stack::encoder).num_attention_heads == 4);
+  CHECK(attention_config_from_hf(s2t, attention_stack::encoder).head_dim == 256 / 4);
+  CHECK(attention_config_from_hf(s2t, attention_stack::encoder).num_hidden_layers == 12);
+  // WhisperConfig's attribute_map aliases num_key_value_heads to encoder_attention_heads: an MHA decoder.
+  const json whisper = json::parse(R"({"model_type": "whisper", "d_model": 384, "encoder_attention_heads": 6,
+    "decoder_attention_heads": 6, "encoder_layers": 4, "decoder_layers": 4, "num_hidden_layers": 4,
+    "max_source_positions": 1500, "max_target_positions": 448})");
+  CHECK(attention_config_from_hf(whisper).num_key_value_heads == 6);
+  CHECK(attention_config_from_hf(whisper).head_dim == 64);
+  // Moonshine's stacks have their own kv heads (decoder_num_key_value_heads; null = the heads).
+  const json moon = json::parse(R"({"model_type": "moonshine", "hidden_size": 288, "encoder_num_attention_heads": 8,
+    "decoder_num_attention_heads": 8, "encoder_num_key_value_heads": null, "decoder_num_key_value_heads": 2,
+    "encoder_num_hidden_layers": 6, "decoder_num_hidden_layers": 5})");
+  CHECK(attention_config_from_hf(moon).num_key_value_heads == 2);
+  CHECK(attention_config_from_hf(moon).num_hidden_layers == 5);
+  CHECK(attention_config_from_hf(moon).head_dim == 288 / 8);
+  CHECK(attention_config_from_hf(moon, attention_stack::encoder).num_key_value_heads == 8);
+
+  // T5Config: num_decoder_layers (None = num_layers) for the decoder, num_layers for the encoder; heads are
+  // num_heads of d_kv in both (mT5: 6 x 64 = 384, not d_model / 6).
+  const json t5e = json::parse(R"({"model_type": "t5", "d_model": 512, "d_kv": 64, "num_heads": 8, "num_layers": 16,
+    "num_decoder_layers": 6, "relative_attention_num_buckets": 32})");
+  CHECK(attention_config_from_hf(t5e).num_hidden_layers == 6);
+  CHECK(attention_config_from_hf(t5e, attention_stack::encoder).num_hidden_layers == 16);
+  const json mt5 = json::parse(R"({"model_type": "mt5", "d_model": 512, "d_kv": 64, "num_heads": 6, "num_layers": 8,
+    "num_decoder_layers": null})");
+  CHECK(attention_config_from_hf(mt5).num_hidden_layers == 8);
+  CHECK(attention_config_from_hf(mt5).head_dim == 64);
+  CHECK(attention_config_from_hf(config("t5-small"), attention_stack::encoder).num_attention_heads == 8);
+
+  // BertSelfAttention is causal only with is_decoder; DistilBertConfig's keys are dim, n_heads and n_layers.
+  json bert = json::parse(R"({"model_type": "bert", "hidden_size": 768, "num_attention_heads": 12,
+    "num_hidden_layers": 12, "max_position_embeddings": 512})");
+  CHECK_FALSE(attention_config_from_hf(bert).causal);
+  CHECK_FALSE(attention_config_from_hf(bert).options(0).causal);
+  CHECK_FALSE(attention_config_from_hf(bert, attention_stack::encoder).causal);
+  bert["is_decoder"] = true;
+  CHECK(attention_config_from_hf(bert).options(0).causal);
+  const auto distil = attention_config_from_hf(
+      json::parse(R"({"model_type": "distilbert", "dim": 768, "n_heads": 12, "n_layers": 6})"));
+  CHECK(distil.head_dim == 64);
+  CHECK(distil.num_hidden_layers == 6);
+  CHECK_FALSE(distil.causal);
+
+  // XGLMConfig: attention_heads and num_layers, decoder-only.
+  const json xglm = json::parse(
+      R"({"model_type": "xglm", "d_model": 1024, "attention_heads": 16, "num_layers": 24, "max_position_embeddings": 2048})");
+  CHECK(attention_config_from_hf(xglm).num_attention_heads == 16);
+  CHECK(attention_config_from_hf(xglm).head_dim == 64);
+  CHECK(attention_config_from_hf(xglm).num_hidden_layers == 24);
+  CHECK(attention_config_from_hf(xglm).causal);
+
+  // A decoder-only model has no encoder; encoders attending locally and ProphetNet are refused.
+  CHECK_THROWS_WITH(attention_config_from_hf(xglm, attention_stack::encoder),
+                    Catch::Contains("stack: must be decoder for model_type xglm"));
+  CHECK_THROWS_WITH(attention_config_from_hf(config("llama-3.1-8b"), attention_stack::encoder),
+                    Catch::Contains("has no encoder"));
+  const json led = json::parse(R"({"model_type": "led", "d_model": 1024, "encoder_attention_heads": 16,
+    "decoder_attention_heads": 16, "encoder_layers": 12, "decoder_layers": 12, "attention_window": [1024, 1024]})");
+  CHECK(attention_config_from_hf(led).num_hidden_layers == 12);
+  CHECK_THROWS_WITH(attention_config_from_hf(led, attention_stack::encoder),
+                    Catch::Contains("led's encoder is not supported"));
+  json bp = json::parse(R"({"model_type": "bigbird_pegasus", "d_model": 1024, "encoder_attention_heads": 16,
+    "decoder_attention_heads": 16, "encoder_layers": 16, "decoder_layers": 16})");
+  CHECK_THROWS_WITH(attention_config_from_hf(bp, attention_stack::encoder), Catch::Contains("attention_type:"));
+  bp["attention_type"] = "original_full";
+  CHECK_FALSE(attention_config_from_hf(bp, attention_stack::encoder).causal);
+  CHECK_THROWS_WITH(
+      attention_config_from_hf(json{{"model_type", "longformer"}, {"hidden_size", 768}, {"num_attention_heads", 12}}),
+      Catch::Contains("longformer's encoder is not supported"));
+  CHECK_THROWS_WITH(attention_config_from_hf(json::parse(R"({"model_type": "prophetnet", "hidden_size": 1024,
+    "num_encoder_attention_heads": 16, "num_decoder_attention_heads": 16})")),
+                    Catch::Contains("prophetnet is not supported"));
+}

@@ -57,5 +57,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
   } catch (const posenc::error&) {
   }
+  try {  // an encoder-decoder or encoder-only model's encoder
+    const auto e = posenc::io::attention_config_from_hf(cfg, posenc::io::attention_stack::encoder);
+    if (e.num_hidden_layers > 0) (void)e.options(0);
+  } catch (const posenc::error&) {
+  }
   return 0;
 }

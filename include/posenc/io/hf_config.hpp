@@ -10,7 +10,8 @@
 //   t5_config_from_hf       T5: relative_attention_num_buckets, relative_attention_max_distance,
 //                           is_decoder
 //   learned_spec_from_hf    learned absolute: max_position_embeddings, width, row offset (OPT/BART/BioGPT 2)
-//   attention_config_from_hf  what a host needs besides the encoding (model_attention_config): heads,
+//   attention_config_from_hf  what a host needs besides the encoding (model_attention_config) for a
+//                           decoder, or for either stack of an encoder-decoder model (attention_stack): heads,
 //                           kv heads, head_dim, the sliding window and which layers use it (Mistral,
 //                           Qwen2, Gemma 2/3, Cohere2, gpt-oss), which layers skip RoPE (Cohere2,
 //                           SmolLM3, EXAONE 4.0), Gemma 2's logit softcap, the logit scale where a model
@@ -137,10 +138,12 @@ template <class V>
 }
 
 /// The aliases of the model width and the head count (the attribute_map of GPT2Config, BloomConfig
-/// (n_embed, read by BloomConfig.__init__), MptConfig and T5Config (num_heads)).
-inline const std::initializer_list<std::string_view> hidden_keys = {"hidden_size", "n_embd", "n_embed", "d_model"};
+/// (n_embed, read by BloomConfig.__init__), MptConfig, T5Config (num_heads), DistilBertConfig (dim),
+/// XGLMConfig and Kosmos2TextConfig (attention_heads, embed_dim)).
+inline const std::initializer_list<std::string_view> hidden_keys = {"hidden_size", "n_embd", "n_embed",
+                                                                    "d_model",     "dim",    "embed_dim"};
 inline const std::initializer_list<std::string_view> heads_keys = {"num_attention_heads", "n_head", "n_heads",
-                                                                   "num_heads"};
+                                                                   "num_heads", "attention_heads"};
 
 /// What transformers' configuration class of a model gives a key that its config.json leaves out, where
 /// that differs from the generic fallback (kv heads = heads, head_dim = hidden / heads, rope_theta 10000,
@@ -195,13 +198,15 @@ template <class V>
 }
 
 /// head_dim (T5's d_kv), else the class default (Gemma, Qwen3), else hidden_size / num_attention_heads
-/// (HF's default in every other decoder config class).
-[[nodiscard]] inline index_t head_dim(const json& cfg, std::string_view family) {
+/// (HF's default in every other decoder config class); `heads` when given replaces num_attention_heads
+/// (an encoder-decoder model's stack: BartAttention's embed_dim // num_heads).
+[[nodiscard]] inline index_t head_dim(const json& cfg, std::string_view family,
+                                      std::optional<index_t> stack_heads = std::nullopt) {
   if (auto h = get<index_t>(cfg, {"head_dim", "d_kv"}); h) return *h;
   if (const class_defaults* d = defaults_of(model_type(cfg)); d != nullptr && d->head_dim) return *d->head_dim;
   const std::string what = std::string(family) + " (head_dim, or hidden_size / num_attention_heads)";
   const auto hidden = need<index_t>(cfg, hidden_keys, what);
-  const auto heads = need<index_t>(cfg, heads_keys, what);
+  const auto heads = stack_heads ? *stack_heads : need<index_t>(cfg, heads_keys, what);
   require(heads > 0 && hidden % heads == 0, "hidden_size", "must be a multiple of num_attention_heads", hidden, " / ",
           heads);
   return hidden / heads;
@@ -242,6 +247,11 @@ inline void refuse_unsupported_attention(const json& cfg) {
       mt != "doge", "model_type",
       "doge is not supported: its dynamic mask (a bias from the values, top-k keys per query) is not a posenc mask");
   require(mt != "diffllama", "model_type", "diffllama is not supported: its differential attention is two softmaxes");
+  // ProphetNetNgramSelfAttention adds bucketed relative logits to absolute positions and runs n-gram
+  // predicting streams beside the main one.
+  require(mt != "prophetnet", "model_type",
+          "prophetnet is not supported: its decoder's n-gram self-attention adds relative logits and predicting "
+          "streams");
 }
 
 /// The rope block: rope_parameters (transformers >= 4.56 / v5) or rope_scaling; null when absent. A
@@ -526,7 +536,16 @@ template <class W>
   return t5_relative_bias<W>(weight, t);
 }
 
-// ---- the attention of a decoder --------------------------------------------------------------------
+// ---- the attention of a decoder (or an encoder) ----------------------------------------------------
+
+/// Which self-attention of a model attention_config_from_hf reads.
+enum class attention_stack {
+  /// The causal self-attention a decode loop runs: a decoder-only model's, or an encoder-decoder model's
+  /// decoder (BART, Marian, T5, Whisper, ...). An encoder-only model (BERT) has only its encoder.
+  decoder,
+  /// The bidirectional self-attention of an encoder-decoder model's encoder, or of an encoder-only model.
+  encoder,
+};
 
 /// What a host needs from config.json besides the positional encoding to run a model's attention.
 struct model_attention_config {
@@ -535,7 +554,10 @@ struct model_attention_config {
   index_t num_key_value_heads = 0;  ///< = num_attention_heads when the config has none (MHA)
   index_t head_dim = 0;             ///< of q and k: head_dim, else hidden_size / num_attention_heads
   index_t value_head_dim = 0;       ///< of v: = head_dim, except DeepSeek's MLA (v_head_dim)
-  index_t num_hidden_layers = 0;    ///< 0 when the config does not say
+  index_t num_hidden_layers = 0;    ///< of the stack read; 0 when the config does not say
+  /// Whether the stack's self-attention is causal: a decoder's; not an encoder's (an encoder-decoder
+  /// model's encoder, or an encoder-only model such as BERT unless its config sets is_decoder).
+  bool causal = true;
   /// The sliding window W (0 = none): a query at p sees keys p - W + 1 .. p (HF's sliding-window
   /// mask; attention_options::sliding_window).
   index_t sliding_window = 0;
@@ -601,11 +623,12 @@ struct model_attention_config {
     if (scale_factor != 1.0) return scale_factor / std::sqrt(static_cast<double>(head_dim));
     return std::nullopt;
   }
-  /// attention_options of a causal decoder layer: window, softcap, scale (sinks, masks, positions and
-  /// the pool are the host's).
+  /// attention_options of a layer of the stack: causal (a decoder), window, softcap, scale (sinks, masks,
+  /// positions and the pool are the host's). An encoder-decoder model's cross-attention takes the decoder's
+  /// heads and scale, not causal, with the encoder's output as keys and values.
   [[nodiscard]] attention_options options(index_t layer) const {
     attention_options o;
-    o.causal = true;
+    o.causal = causal;
     o.sliding_window = layer_window(layer);
     o.logit_softcap = attn_logit_softcapping;
     o.scale = scale();
@@ -824,17 +847,101 @@ inline void read_query_scale(const json& cfg, model_attention_config& a) {
   a.query_scale_beta = *beta;
 }
 
+/// Encoder-decoder models: transformers' attribute_map points their num_attention_heads and
+/// num_hidden_layers at the encoder (BartConfig, MarianConfig, M2M100Config, WhisperConfig, ...), and the
+/// decoder has keys of its own; the T5 family shares num_heads and has num_decoder_layers. Also any config
+/// that says is_encoder_decoder.
+inline bool is_encoder_decoder(const json& cfg) {
+  if (get<bool>(cfg, {"is_encoder_decoder"}).value_or(false)) return true;
+  return one_of(model_type(cfg),
+                {"bart", "mbart", "plbart", "mvp", "marian", "pegasus", "pegasus_x", "m2m_100", "nllb-moe",
+                 "blenderbot", "blenderbot-small", "fsmt", "whisper", "speech_to_text", "led", "bigbird_pegasus",
+                 "seamless_m4t", "moonshine", "t5", "mt5", "umt5", "longt5", "switch_transformers"});
+}
+
+/// Encoder-only models: one bidirectional stack, causal only when the config sets is_decoder
+/// (BertSelfAttention and its copies).
+inline bool is_encoder_only(std::string_view mt) {
+  return one_of(mt, {"bert", "roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "distilbert", "electra", "albert",
+                     "deberta", "deberta-v2", "mpnet", "roformer", "ernie", "megatron-bert", "data2vec-text", "xmod",
+                     "longformer", "modernbert"});
+}
+
+/// Encoders that attend locally, which no posenc call reproduces (attention_options::sliding_window is a
+/// causal window): LED and Longformer (attention_window, with global tokens), PEGASUS-X (global and local
+/// blocks), LongT5 (local or transient-global), ModernBERT (a symmetric local_attention window in all
+/// but every global_attn_every_n_layers-th layer), BigBird-Pegasus with attention_type block_sparse (its
+/// default).
+inline void refuse_local_encoder(const json& cfg) {
+  const std::string mt = model_type(cfg);
+  require(!one_of(mt, {"led", "longformer", "pegasus_x", "longt5", "modernbert"}), "model_type",
+          posenc::detail::concat(mt, "'s encoder is not supported: it attends within local windows or blocks"));
+  if (mt == "bigbird_pegasus")
+    require(get<std::string>(cfg, {"attention_type"}).value_or("block_sparse") != "block_sparse", "attention_type",
+            "block_sparse (BigBird's encoder attention) is not supported: only original_full", "block_sparse");
+}
+
+/// The heads, head_dim and layer count of a decoder-only or encoder-only model (attention_config_from_hf).
+/// Falcon without new_decoder_architecture and with multi_query (its default) has one kv head
+/// (FalconAttention), GPTBigCode (StarCoder) with multi_query (its default) too; DBRX reads its kv heads
+/// from attn_config.kv_n_heads (default 1); DeepSeek-V2/V3's MLA heads are qk_nope_head_dim +
+/// qk_rope_head_dim for q and k and v_head_dim for v.
+inline void read_decoder_heads(const json& cfg, model_attention_config& a) {
+  const std::string& mt = a.model_type;
+  a.num_attention_heads = need<index_t>(cfg, heads_keys, "attention");
+  require(a.num_attention_heads > 0, "num_attention_heads", "must be > 0", a.num_attention_heads);
+  a.num_key_value_heads = get<index_t>(cfg, {"num_key_value_heads", "n_head_kv", "num_kv_heads"})
+                              .value_or(class_default(cfg, &class_defaults::kv_heads, a.num_attention_heads));
+  if (is_falcon(mt) && !get<bool>(cfg, {"new_decoder_architecture"}).value_or(false) &&
+      get<bool>(cfg, {"multi_query"}).value_or(true))
+    a.num_key_value_heads = 1;
+  // GPTBigCodeAttention: kv_heads = 1 if multi_query (default true) else the query heads; StarCoder's
+  // configs carry no num_key_value_heads
+  if (mt == "gpt_bigcode")
+    a.num_key_value_heads = get<bool>(cfg, {"multi_query"}).value_or(true) ? 1 : a.num_attention_heads;
+  if (mt == "dbrx") a.num_key_value_heads = get<index_t>(dbrx_attention(cfg), {"kv_n_heads"}).value_or(1);
+  a.head_dim = head_dim(cfg, "attention");
+  if (one_of(mt, {"deepseek_v2", "deepseek_v3"})) read_mla_heads(cfg, a);
+  a.num_hidden_layers = get<index_t>(cfg, {"num_hidden_layers", "n_layer", "num_layers", "n_layers"}).value_or(0);
+}
+
+/// The heads, head_dim and layer count of an encoder-decoder model's stack (attention_config_from_hf):
+/// the stack's own keys (BartConfig's decoder_attention_heads / decoder_layers, ProphetNet-style
+/// num_decoder_layers, Moonshine's decoder_num_attention_heads), else the keys both stacks share (T5's
+/// num_heads and num_layers, which its num_decoder_layers defaults to). Kv heads come only from the stack's
+/// own key (Moonshine), else equal the heads: WhisperConfig's attribute_map makes num_key_value_heads the
+/// encoder's head count. head_dim is d_kv / head_dim, else d_model / the stack's heads (BartAttention).
+inline void read_stack_heads(const json& cfg, attention_stack stack, model_attention_config& a) {
+  const bool dec = stack == attention_stack::decoder;
+  const std::optional<index_t> own_heads =
+      dec ? get<index_t>(cfg, {"decoder_attention_heads", "decoder_num_attention_heads"})
+          : get<index_t>(cfg, {"encoder_attention_heads", "encoder_num_attention_heads"});
+  a.num_attention_heads = own_heads ? *own_heads : need<index_t>(cfg, heads_keys, "attention");
+  require(a.num_attention_heads > 0, dec ? "decoder_attention_heads" : "encoder_attention_heads", "must be > 0",
+          a.num_attention_heads);
+  a.num_key_value_heads =
+      (dec ? get<index_t>(cfg, {"decoder_num_key_value_heads"}) : get<index_t>(cfg, {"encoder_num_key_value_heads"}))
+          .value_or(a.num_attention_heads);
+  a.head_dim = head_dim(cfg, "attention", a.num_attention_heads);
+  const std::optional<index_t> own_layers =
+      dec ? get<index_t>(cfg, {"decoder_layers", "num_decoder_layers", "decoder_num_hidden_layers"})
+          : get<index_t>(cfg, {"encoder_layers", "encoder_num_hidden_layers"});
+  a.num_hidden_layers = own_layers ? *own_layers : get<index_t>(cfg, {"num_layers", "num_hidden_layers"}).value_or(0);
+}
+
 }  // namespace detail
 
-/// Reads model_attention_config from a config.json (a multimodal config's `text_config` when the
-/// top level has no num_attention_heads: Gemma 3). Head counts: Falcon without new_decoder_architecture
-/// and with multi_query (its default) has one kv head (FalconAttention), GPTBigCode (StarCoder) with
-/// multi_query (its default) too; DBRX reads its kv heads from attn_config.kv_n_heads (default 1);
-/// DeepSeek-V2/V3's MLA heads are qk_nope_head_dim + qk_rope_head_dim for q and k and v_head_dim for v.
-/// JetMoE, Zamba2, Doge and DiffLlama are refused (detail::refuse_unsupported_attention). Which layers
-/// slide: detail::read_window_layers (layer_types, transformers >= 4.53, when present; else each model's rule);
-/// which rotate: detail::read_rope_layers; the logit scale: detail::read_logit_scale.
-[[nodiscard]] inline model_attention_config attention_config_from_hf(const nlohmann::json& top) {
+/// Reads model_attention_config of one stack from a config.json (a multimodal config's `text_config` when
+/// the top level has no num_attention_heads: Gemma 3). An encoder-decoder model (detail::is_encoder_decoder)
+/// gives its decoder's self-attention by default and its encoder's with attention_stack::encoder
+/// (detail::read_stack_heads); a decoder-only or encoder-only model its one stack (detail::read_decoder_heads),
+/// and asking a decoder-only model for its encoder is an error. An encoder that attends locally is refused
+/// (detail::refuse_local_encoder), as are JetMoE, Zamba2, Doge, DiffLlama and ProphetNet
+/// (detail::refuse_unsupported_attention). Which layers slide: detail::read_window_layers (layer_types,
+/// transformers >= 4.53, when present; else each model's rule); which rotate: detail::read_rope_layers; the
+/// logit scale: detail::read_logit_scale.
+[[nodiscard]] inline model_attention_config attention_config_from_hf(const nlohmann::json& top,
+                                                                     attention_stack stack = attention_stack::decoder) {
   using detail::get;
   require(top.is_object(), "config", "must be a JSON object");
   const detail::json& cfg = detail::text_part(top);
@@ -844,31 +951,26 @@ inline void read_query_scale(const json& cfg, model_attention_config& a) {
   if (a.model_type.empty()) a.model_type = detail::model_type(top);
   const std::string mt = a.model_type;
   detail::refuse_unsupported_attention(cfg);
-  a.num_attention_heads = detail::need<index_t>(cfg, detail::heads_keys, "attention");
-  require(a.num_attention_heads > 0, "num_attention_heads", "must be > 0", a.num_attention_heads);
-  a.num_key_value_heads =
-      get<index_t>(cfg, {"num_key_value_heads", "n_head_kv", "num_kv_heads"})
-          .value_or(detail::class_default(cfg, &detail::class_defaults::kv_heads, a.num_attention_heads));
-  if (detail::is_falcon(mt) && !get<bool>(cfg, {"new_decoder_architecture"}).value_or(false) &&
-      get<bool>(cfg, {"multi_query"}).value_or(true))
-    a.num_key_value_heads = 1;
-  // GPTBigCodeAttention: kv_heads = 1 if multi_query (default true) else the query heads; StarCoder's
-  // configs carry no num_key_value_heads
-  if (mt == "gpt_bigcode")
-    a.num_key_value_heads = get<bool>(cfg, {"multi_query"}).value_or(true) ? 1 : a.num_attention_heads;
-  if (mt == "dbrx") a.num_key_value_heads = get<index_t>(detail::dbrx_attention(cfg), {"kv_n_heads"}).value_or(1);
+  const bool encoder_decoder = detail::is_encoder_decoder(cfg), encoder_only = detail::is_encoder_only(mt);
+  require(stack == attention_stack::decoder || encoder_decoder || encoder_only, "stack",
+          posenc::detail::concat("must be decoder for model_type ", mt.empty() ? "(none)" : mt,
+                                 ": it has no encoder (a decoder-only model)"));
+  a.causal = encoder_decoder ? stack == attention_stack::decoder
+                             : !encoder_only || get<bool>(cfg, {"is_decoder"}).value_or(false);
+  if (!a.causal) detail::refuse_local_encoder(cfg);
+  if (encoder_decoder)
+    detail::read_stack_heads(cfg, stack, a);
+  else
+    detail::read_decoder_heads(cfg, a);
   require(a.num_key_value_heads > 0 && a.num_attention_heads % a.num_key_value_heads == 0, "num_key_value_heads",
           "must be > 0 and divide num_attention_heads", a.num_key_value_heads, " for ", a.num_attention_heads);
-  a.head_dim = detail::head_dim(cfg, "attention");
-  a.value_head_dim = a.head_dim;
-  if (detail::one_of(mt, {"deepseek_v2", "deepseek_v3"})) detail::read_mla_heads(cfg, a);
   require(a.head_dim > 0, "head_dim", "must be > 0", a.head_dim);
-  a.num_hidden_layers = get<index_t>(cfg, {"num_hidden_layers", "n_layer", "num_layers", "n_layers"}).value_or(0);
+  if (a.value_head_dim == 0) a.value_head_dim = a.head_dim;
   // bounded: the per-layer list below has one entry per layer (the largest published model has under 200)
   require(a.num_hidden_layers >= 0 && a.num_hidden_layers <= 1'000'000, "num_hidden_layers", "must be in [0, 1000000]",
           a.num_hidden_layers);
 
-  detail::read_window_layers(cfg, a);
+  if (a.causal) detail::read_window_layers(cfg, a);
   detail::read_rope_layers(cfg, a);
 
   a.attn_logit_softcapping = get<double>(cfg, {"attn_logit_softcapping"}).value_or(0.0);
