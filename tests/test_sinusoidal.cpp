@@ -201,3 +201,91 @@ TEST_CASE("sinusoidal: float add_to over long runs stays within one float roundi
     }
   }
 }
+
+namespace {
+
+/// One entry of fairseq's get_embedding table (M2M100SinusoidalPositionalEmbedding and its copies), row r
+/// of a d-wide table, every step in float as PyTorch runs it: emb = ln(10000) / (half - 1) as a Python
+/// float; w = exp(arange(half).float() * -emb) (the scalar rounded to float, the product and exp in
+/// float); angle = arange(rows).float()[r] * w in float; [sin | cos] in float, a zero column when d is odd.
+float fairseq_entry(std::int64_t r, idx c, idx d) {
+  const idx half = d / 2;
+  if (c >= 2 * half) return 0.0f;
+  const idx i = c < half ? c : c - half;
+  const float scalar = static_cast<float>(-(std::log(10000.0) / static_cast<double>(half - 1)));
+  const float w = std::exp(static_cast<float>(i) * scalar);
+  const float angle = static_cast<float>(r) * w;
+  return c < half ? std::sin(angle) : std::cos(angle);
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("sinusoidal: float32 angles reproduce fairseq's float32 table; offset shifts the row",
+                   "[sinusoidal]", float, double) {
+  // M2M100 / NLLB-200 (d_model 1024, pad 1): position p is row p + 2 of the float32 table.
+  const idx D = 1024, B = 2, S = 40;
+  const posenc::sinusoidal pe({.d_model = D,
+                               .layout = sinusoid_layout::concat,
+                               .schedule = frequency_schedule::t2t,
+                               .angles = posenc::sinusoid_angles::float32,
+                               .offset = 2});
+  // add_to, rows of positions 0 .. 19 and 2000 .. 2019 (beyond 1024: the table grows there in transformers)
+  posenc::positions pos = posenc::contiguous_positions(B, S, 0);
+  for (idx s = 0; s < S; ++s) pos(1, s) = s < 20 ? s : 1980 + s;
+  std::vector<TestType> x(static_cast<std::size_t>(B * S * D), TestType(0));
+  pe.add_to(posenc::tensor_map<TestType, 3>(x.data(), B, S, D), posenc::view(pos));
+  double exact_gap = 0;  // how far the float32 rows lie from the double-angle ones
+  const posenc::sinusoidal exact(
+      {.d_model = D, .layout = sinusoid_layout::concat, .schedule = frequency_schedule::t2t});
+  std::vector<double> ex(static_cast<std::size_t>(D));
+  for (idx b = 0; b < B; ++b)
+    for (idx s = 0; s < S; ++s) {
+      exact.row(static_cast<double>(pos(b, s) + 2), std::span<double>(ex));
+      for (idx c = 0; c < D; ++c) {
+        const double got = static_cast<double>(x[static_cast<std::size_t>((b * S + s) * D + c)]);
+        INFO("b " << b << " s " << s << " c " << c);
+        REQUIRE(got == static_cast<double>(fairseq_entry(pos(b, s) + 2, c, D)));
+        exact_gap = std::max(exact_gap, std::abs(got - ex[static_cast<std::size_t>(c)]));
+      }
+    }
+  // The float angles matter: at rows near 2000 the float32 table is off the double one by 1.4e-4.
+  CHECK(exact_gap > 2e-5);
+  CHECK(exact_gap < 3e-4);
+  // row and table take the same path and the same offset.
+  std::vector<TestType> r(static_cast<std::size_t>(D));
+  pe.row(1500.0, std::span<TestType>(r));
+  const auto t = pe.table<TestType>(3, 1499.0);
+  for (idx c = 0; c < D; ++c) {
+    CHECK(static_cast<double>(r[static_cast<std::size_t>(c)]) == static_cast<double>(fairseq_entry(1502, c, D)));
+    CHECK(t(1, c) == r[static_cast<std::size_t>(c)]);
+  }
+  // odd width: the zero column last, as get_embedding appends it
+  const posenc::sinusoidal odd({.d_model = 7,
+                                .layout = sinusoid_layout::concat,
+                                .schedule = frequency_schedule::t2t,
+                                .angles = posenc::sinusoid_angles::float32});
+  std::vector<TestType> o(7);
+  odd.row(33.0, std::span<TestType>(o));
+  for (idx c = 0; c < 7; ++c) CHECK(static_cast<double>(o[static_cast<std::size_t>(c)]) == fairseq_entry(33, c, 7));
+}
+
+TEST_CASE("sinusoidal: the offset moves every path by the same rows; bad offsets are errors", "[sinusoidal]") {
+  // Exact angles with an offset: position p gives the closed form at p + offset, for add_to (the float walk
+  // included), row and table.
+  const idx D = 10;
+  for (auto layout : {sinusoid_layout::interleaved, sinusoid_layout::concat}) {
+    const posenc::sinusoidal pe({.d_model = D, .layout = layout, .offset = 5});
+    const auto pos = posenc::contiguous_positions(1, 70, 3);
+    std::vector<float> x(static_cast<std::size_t>(70 * D), 0.0f);
+    pe.add_to(posenc::tensor_map<float, 3>(x.data(), 1, 70, D), posenc::view(pos));
+    const auto t = pe.table<double>(70, 3.0);
+    for (idx s = 0; s < 70; ++s)
+      for (idx c = 0; c < D; ++c) {
+        const double want = closed_form(double(s + 3 + 5), c, D, 10000.0, layout, frequency_schedule::vaswani);
+        CHECK(std::abs(double(x[static_cast<std::size_t>(s * D + c)]) - want) <= 6e-8);
+        CHECK(std::abs(t(s, c) - want) <= 1e-14);
+      }
+  }
+  CHECK_THROWS_WITH(posenc::sinusoidal({.d_model = 8, .offset = -1}),
+                    Catch::Contains("offset: must be in [0, 2^31)") && Catch::Contains("-1"));
+}

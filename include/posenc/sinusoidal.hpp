@@ -5,8 +5,10 @@
 //   PE[p, i]  = sin(p w_i), PE[p, n+i]  = cos(p w_i)       (concat layout: tensor2tensor, fairseq,
 //                                                            Transformer-XL's R)
 // with the vaswani (base^(-2i/d)) or tensor2tensor (exp(-i ln(base)/(n-1))) schedule; see
-// detail/sinusoid.hpp for both and for odd d_model. Positions are arbitrary: per token (int64,
-// positions_view) for add_to, or real-valued (also negative relative distances) for table().
+// detail/sinusoid.hpp for both, for odd d_model and for the float32 angles of fairseq-style tables
+// (sinusoid_angles). Position p takes the row of p + offset (fairseq: padding_idx + 1). Positions are
+// arbitrary: per token (int64, positions_view) for add_to, or real-valued (also negative relative
+// distances) for table().
 //
 //   posenc::sinusoidal pe({.d_model = 512});
 //   pe.add_to(x, posenc::view(pos));          // x [batch, seq, 512] += PE(pos[b, s])
@@ -17,6 +19,8 @@
 // lookup, see docs/sinusoidal.md).
 #pragma once
 
+#include <cstdint>
+#include <limits>
 #include <optional>
 #include <span>
 #include <type_traits>
@@ -35,12 +39,19 @@ struct sinusoidal_config {
   double base = 10000.0;
   sinusoid_layout layout = sinusoid_layout::interleaved;
   frequency_schedule schedule = frequency_schedule::vaswani;
+  sinusoid_angles angles = sinusoid_angles::exact;
+  /// Position p takes the sinusoid of p + offset (fairseq / M2M100: the first token's row is
+  /// padding_idx + 1 = 2); in [0, 2^31).
+  index_t offset = 0;
 };
 
 class sinusoidal {
  public:
   explicit sinusoidal(const sinusoidal_config& config)
-      : config_(config), w_(detail::sinusoid_frequencies(config.d_model, config.base, config.schedule)) {}
+      : config_(checked(config)), w_(detail::sinusoid_frequencies(config.d_model, config.base, config.schedule)) {
+    if (config.angles == sinusoid_angles::float32)
+      w32_ = detail::sinusoid_frequencies_f32(config.d_model, config.base, config.schedule);
+  }
 
   [[nodiscard]] const sinusoidal_config& config() const { return config_; }
   [[nodiscard]] index_t d_model() const { return config_.d_model; }
@@ -53,7 +64,7 @@ class sinusoidal {
     require(static_cast<index_t>(out.size()) == config_.d_model, "out", "must hold d_model values", out.size(),
             " for d_model ", config_.d_model);
     require(std::isfinite(position), "position", "must be finite", position);
-    detail::sinusoid_row<false>(position, w_, config_.layout, config_.d_model, out.data());
+    write_row(position, out.data());
   }
 
   /// Fill out [N, d_model] with the rows of `positions` (N values, any finite reals).
@@ -65,8 +76,7 @@ class sinusoidal {
     for (std::size_t p = 0; p < positions.size(); ++p)
       require(std::isfinite(positions[p]), "positions", "must be finite", positions[p], " at index ", p);
     for (std::size_t p = 0; p < positions.size(); ++p)
-      detail::sinusoid_row<false>(positions[p], w_, config_.layout, config_.d_model,
-                                  out.data() + static_cast<index_t>(p) * config_.d_model);
+      write_row(positions[p], out.data() + static_cast<index_t>(p) * config_.d_model);
   }
 
   /// The table [N, d_model] of `positions`.
@@ -99,16 +109,18 @@ class sinusoidal {
     if (B == 0 || S == 0 || D == 0) return;
     const bool shared = pos.dimension(0) == 1;
     std::vector<T> pe(static_cast<std::size_t>(D));
-    // float outputs walk consecutive positions by rotation (detail::sinusoid_walker, error ~1e-14,
-    // invisible in float); double outputs take sin/cos of the exact double angle for every row.
+    // float outputs of exact angles walk consecutive positions by rotation (detail::sinusoid_walker,
+    // error ~1e-14, invisible in float); double outputs take sin/cos of the exact double angle for every
+    // row, and the float32 path its own float angles.
     std::optional<detail::sinusoid_walker> walker;
-    if constexpr (std::is_same_v<T, float>) walker.emplace(w_);
+    if constexpr (std::is_same_v<T, float>)
+      if (config_.angles == sinusoid_angles::exact) walker.emplace(w_);
     const auto make_row = [&](std::int64_t p) {
-      if (walker) {
-        walker->go(p);
+      if (walker && p <= std::numeric_limits<std::int64_t>::max() - config_.offset) {
+        walker->go(p + config_.offset);
         walker->template write<T>(config_.layout, D, pe.data());
       } else {
-        detail::sinusoid_row<false>(static_cast<double>(p), w_, config_.layout, D, pe.data());
+        write_row(static_cast<double>(p), pe.data());
       }
     };
     // Token-major so one computed row serves every batch row at the same position (the usual
@@ -120,10 +132,10 @@ class sinusoidal {
       for (index_t b = 0; b < B; ++b) {
         const std::int64_t p = shared ? first : pos(b, s);
         if (p != first) {
-          detail::sinusoid_row<false>(static_cast<double>(p), w_, config_.layout, D, pe.data());
+          write_row(static_cast<double>(p), pe.data());
           have_first = false;
         } else if (!have_first) {
-          detail::sinusoid_row<false>(static_cast<double>(p), w_, config_.layout, D, pe.data());
+          write_row(static_cast<double>(p), pe.data());
           have_first = true;
         }
         T* row = x.data() + (b * S + s) * D;
@@ -133,8 +145,23 @@ class sinusoidal {
   }
 
  private:
+  static const sinusoidal_config& checked(const sinusoidal_config& c) {
+    require(c.offset >= 0 && c.offset < (index_t{1} << 31), "offset", "must be in [0, 2^31)", c.offset);
+    return c;
+  }
+  /// The row of `position` (its sinusoid at position + offset) into out[0 .. d_model).
+  template <class T>
+  void write_row(double position, T* out) const {
+    const double at = position + static_cast<double>(config_.offset);
+    if (config_.angles == sinusoid_angles::float32)
+      detail::sinusoid_row_f32(at, w32_, config_.layout, config_.d_model, out);
+    else
+      detail::sinusoid_row<false>(at, w_, config_.layout, config_.d_model, out);
+  }
+
   sinusoidal_config config_;
   std::vector<double> w_;
+  std::vector<float> w32_;  // sinusoid_angles::float32 only
 };
 
 }  // namespace posenc

@@ -39,6 +39,21 @@ enum class frequency_schedule {
   t2t,      ///< w_i = exp(-i ln(base) / max(n-1, 1))
 };
 
+/// How the angle position x w_i and its sin / cos are evaluated.
+enum class sinusoid_angles {
+  /// In double, rounded once to the output type (the reference: golden FORMAT.md 5.1; NumPy-built
+  /// tables such as Marian's and Pegasus's).
+  exact,
+  /// PyTorch's float32 path, as the fairseq-style tables of M2M100 / NLLB, XGLM, Speech2Text and FSMT
+  /// compute them (get_embedding): w_i = exp(float(k) * float(-ln(base) / m)) in float (k, m = i, n - 1 for
+  /// t2t; 2i, d_model for vaswani, as PyTorch's PositionalEncoding tutorial writes it), the angle
+  /// float(position) * w_i rounded to float, sin / cos in float. A float angle is off by up to ~6e-8 x
+  /// position radians, so these rows differ from exact ones by up to 1.4e-4 at positions near 2000 (d_model
+  /// 1024): the table the model was trained with. PyTorch's vectorized exp, sin and cos are within an ulp of
+  /// the correctly rounded ones used here, so a frequency may differ from the model's by an ulp.
+  float32,
+};
+
 namespace detail {
 
 /// The n = d_model/2 angular frequencies of a sinusoid row (checked arguments).
@@ -82,6 +97,36 @@ void sinusoid_row(double position, std::span<const double> w, sinusoid_layout la
   if constexpr (!Accumulate) {
     if (2 * n < d_model) out[d_model - 1] = T(0);
   }
+}
+
+/// The n = d_model/2 frequencies as PyTorch's float32 code computes them (sinusoid_angles::float32).
+[[nodiscard]] inline std::vector<float> sinusoid_frequencies_f32(index_t d_model, double base,
+                                                                 frequency_schedule schedule) {
+  require(d_model > 0, "d_model", "must be > 0", d_model);
+  require(std::isfinite(base) && base > 0.0, "base", "must be finite and > 0", base);
+  const index_t n = d_model / 2;
+  // the Python scalar -ln(base) / m meets a float32 tensor: PyTorch rounds it to float before the multiply
+  const bool t2t = schedule == frequency_schedule::t2t;
+  const double m = t2t ? static_cast<double>(n - 1 > 1 ? n - 1 : 1) : static_cast<double>(d_model);
+  const float step = static_cast<float>(-std::log(base) / m);
+  std::vector<float> w(static_cast<std::size_t>(n));
+  for (index_t i = 0; i < n; ++i) w[static_cast<std::size_t>(i)] = std::exp(static_cast<float>(t2t ? i : 2 * i) * step);
+  return w;
+}
+
+/// The row of `position` on the float32 path (sinusoid_angles::float32) into out[0 .. d_model).
+template <class T>
+void sinusoid_row_f32(double position, std::span<const float> w, sinusoid_layout layout, index_t d_model, T* out) {
+  const index_t n = static_cast<index_t>(w.size());
+  const float p = static_cast<float>(position);
+  for (index_t i = 0; i < n; ++i) {
+    const float a = p * w[static_cast<std::size_t>(i)];
+    const index_t is = layout == sinusoid_layout::interleaved ? 2 * i : i;
+    const index_t ic = layout == sinusoid_layout::interleaved ? 2 * i + 1 : n + i;
+    out[is] = static_cast<T>(std::sin(a));
+    out[ic] = static_cast<T>(std::cos(a));
+  }
+  if (2 * n < d_model) out[d_model - 1] = T(0);
 }
 
 /// Write the row of the angles whose sines and cosines are sn[i], cs[i] (i < n) into out[0 .. d_model).
