@@ -290,7 +290,7 @@ TEST_CASE("hf_config: unknown families and unreadable files", "[io][hf_config]")
   // Every family of the table is listed by name.
   std::vector<std::string> names;
   for (const auto& f : posenc::io::hf_families()) names.emplace_back(f.name);
-  CHECK(names == std::vector<std::string>{"t5", "alibi", "rope", "learned"});
+  CHECK(names == std::vector<std::string>{"t5", "alibi", "rope", "sinusoidal", "learned"});
 }
 
 // ---- attention_config_from_hf: small config.json literals modelled on the published checkpoints ----
@@ -1028,7 +1028,7 @@ TEST_CASE("hf_config: EXAONE 4.0's full layers are NoPE; OLMo 3's sliding layers
   CHECK(posenc::io::encoding_from_hf(ol).family == "rope");
 }
 
-TEST_CASE("hf_config: learned tables of Blenderbot, BioGPT and ELECTRA; Marian, relative BERT and MPNet refused",
+TEST_CASE("hf_config: learned tables of Blenderbot, BioGPT and ELECTRA; relative BERT and MPNet refused",
           "[io][hf_config]") {
   // BlenderbotLearnedPositionalEmbedding looks position p up at row p (arange), max_position_embeddings rows.
   for (const char* mt : {"blenderbot", "blenderbot-small"}) {
@@ -1050,11 +1050,7 @@ TEST_CASE("hf_config: learned tables of Blenderbot, BioGPT and ELECTRA; Marian, 
   el["position_embedding_type"] = "relative_key";
   CHECK_THROWS_WITH(posenc::io::encoding_from_hf(el),
                     Catch::Contains("position_embedding_type: is not absolute") && Catch::Contains("relative_key"));
-  // Marian's positions are a sinusoid computed at load, not in the checkpoint; MPNet's bucket key does not make
-  // it T5 (it scales its logits and adds a learned table).
-  CHECK_THROWS_WITH(posenc::io::encoding_from_hf(json::parse(R"({"model_type": "marian", "d_model": 512,
-    "encoder_attention_heads": 8, "max_position_embeddings": 512})")),
-                    Catch::Contains("cannot tell the positional encoding of model_type 'marian'"));
+  // MPNet's bucket key does not make it T5 (it scales its logits and adds a learned table).
   CHECK_THROWS_WITH(posenc::io::encoding_from_hf(json::parse(R"({"model_type": "mpnet", "hidden_size": 768,
     "num_attention_heads": 12, "max_position_embeddings": 514, "relative_attention_num_buckets": 32})")),
                     Catch::Contains("cannot tell the positional encoding of model_type 'mpnet'"));
@@ -1269,4 +1265,94 @@ TEST_CASE("hf_config: the decoder and encoder stacks of encoder-decoder models; 
   CHECK_THROWS_WITH(attention_config_from_hf(json::parse(R"({"model_type": "prophetnet", "hidden_size": 1024,
     "num_encoder_attention_heads": 16, "num_decoder_attention_heads": 16})")),
                     Catch::Contains("prophetnet is not supported"));
+}
+
+TEST_CASE("hf_config: sinusoidal positions of Marian, Pegasus and the fairseq family; more learned tables",
+          "[io][hf_config]") {
+  using posenc::io::encoding_from_hf;
+  using posenc::io::sinusoidal_spec;
+  // Helsinki-NLP/opus-mt-en-de: MarianSinusoidalPositionalEmbedding._init_weight builds
+  // pos / 10000^(2 (j // 2) / d) in NumPy float64, sin of the even j in the first half, cos of the odd j in
+  // the second, rounded to float32; row = position, max_position_embeddings rows.
+  const json marian = json::parse(R"({"model_type": "marian", "d_model": 512, "encoder_attention_heads": 8,
+    "decoder_attention_heads": 8, "encoder_layers": 6, "decoder_layers": 6, "max_position_embeddings": 512,
+    "pad_token_id": 58100, "scale_embedding": true})");
+  const auto me = encoding_from_hf(marian);
+  CHECK(me.family == "sinusoidal");
+  const auto ms = std::get<sinusoidal_spec>(me.config);
+  CHECK(ms.max_positions == 512);
+  CHECK(ms.config.offset == 0);
+  const posenc::sinusoidal mpe(ms.config);
+  const auto mt = mpe.table<float>(512);
+  for (int pos : {0, 1, 7, 300, 511})
+    for (int j = 0; j < 512; ++j) {
+      const double angle = pos / std::pow(10000.0, 2.0 * (j / 2) / 512.0);
+      const float want = static_cast<float>(j % 2 == 0 ? std::sin(angle) : std::cos(angle));
+      const int col = j % 2 == 0 ? j / 2 : 256 + j / 2;
+      INFO("pos " << pos << " j " << j);
+      CHECK(std::abs(mt(pos, col) - want) <= 6e-8f);  // the same double value, up to an ulp of its angle
+    }
+  const json pegasus = json::parse(R"({"model_type": "pegasus", "d_model": 1024, "max_position_embeddings": 1024})");
+  CHECK(std::get<sinusoidal_spec>(encoding_from_hf(pegasus).config).config.angles == posenc::sinusoid_angles::exact);
+  CHECK_THROWS_WITH(posenc::io::sinusoidal_spec_from_hf(
+                        json{{"model_type", "marian"}, {"d_model", 511}, {"max_position_embeddings", 512}}),
+                    Catch::Contains("d_model: must be even"));
+
+  // facebook/nllb-200-distilled-600M (model_type m2m_100), pad_token_id 1: fairseq's get_embedding in float32,
+  // row = position + pad + 1 (create_position_ids_from_input_ids), a table that grows with the sequence.
+  const json nllb = json::parse(R"({"model_type": "m2m_100", "d_model": 1024, "encoder_attention_heads": 16,
+    "decoder_attention_heads": 16, "max_position_embeddings": 1024, "pad_token_id": 1, "scale_embedding": true})");
+  const auto ne = encoding_from_hf(nllb);
+  CHECK(ne.family == "sinusoidal");
+  const auto ns = std::get<sinusoidal_spec>(ne.config);
+  CHECK(ns.config.d_model == 1024);
+  CHECK(ns.config.layout == posenc::sinusoid_layout::concat);
+  CHECK(ns.config.schedule == posenc::frequency_schedule::t2t);
+  CHECK(ns.config.angles == posenc::sinusoid_angles::float32);
+  CHECK(ns.config.offset == 2);
+  CHECK_FALSE(ns.max_positions.has_value());
+  // get_embedding written out: emb = ln(10000) / 511 (a Python float, rounded to float against the float
+  // tensor), w = exp(i * -emb), angle = row * w, all float.
+  std::vector<float> row(1024);
+  posenc::sinusoidal(ns.config).row(100.0, std::span<float>(row));
+  for (int c = 0; c < 1024; ++c) {
+    const int i = c % 512;
+    const float w = std::exp(static_cast<float>(i) * static_cast<float>(-(std::log(10000.0) / 511.0)));
+    const float a = 102.0f * w;
+    CHECK(row[static_cast<std::size_t>(c)] == (c < 512 ? std::sin(a) : std::cos(a)));
+  }
+  for (const char* mt_name : {"nllb-moe", "speech_to_text", "fsmt"}) {
+    json c = json{{"model_type", mt_name}, {"d_model", 256}, {"pad_token_id", 0}};
+    CHECK(std::get<sinusoidal_spec>(encoding_from_hf(c).config).config.offset == 1);
+    c.erase("pad_token_id");  // the classes' default pad_token_id is 1
+    CHECK(std::get<sinusoidal_spec>(encoding_from_hf(c).config).config.offset == 2);
+  }
+  // XGLM adds its offset 2 to the position ids whatever the pad token; PEGASUS-X has no offset.
+  CHECK(std::get<sinusoidal_spec>(
+            encoding_from_hf(json{{"model_type", "xglm"}, {"d_model", 1024}, {"pad_token_id", 5}}).config)
+            .config.offset == 2);
+  CHECK(std::get<sinusoidal_spec>(encoding_from_hf(json{{"model_type", "pegasus_x"}, {"d_model", 1024}}).config)
+            .config.offset == 0);
+  // TrOCR learns its positions (+2, as BART) unless use_learned_position_embeddings is false.
+  json trocr = json{{"model_type", "trocr"}, {"d_model", 1024}, {"max_position_embeddings", 512}};
+  CHECK(encoding_from_hf(trocr).family == "learned");
+  CHECK(std::get<posenc::io::learned_spec>(encoding_from_hf(trocr).config).max_positions == 514);
+  CHECK(std::get<posenc::io::learned_spec>(encoding_from_hf(trocr).config).options.offset == 2);
+  trocr["use_learned_position_embeddings"] = false;
+  CHECK(encoding_from_hf(trocr).family == "sinusoidal");
+  CHECK(std::get<sinusoidal_spec>(encoding_from_hf(trocr).config).config.offset == 2);
+  // PLBart and MVP: BartLearnedPositionalEmbedding copies (+2); BigBird-Pegasus: no offset.
+  for (const char* mt_name : {"plbart", "mvp"}) {
+    const auto l = posenc::io::learned_spec_from_hf(
+        json{{"model_type", mt_name}, {"d_model", 768}, {"max_position_embeddings", 1024}});
+    CHECK(l.max_positions == 1026);
+    CHECK(l.options.offset == 2);
+  }
+  const auto bp = std::get<posenc::io::learned_spec>(
+      encoding_from_hf(json{{"model_type", "bigbird_pegasus"}, {"d_model", 1024}, {"max_position_embeddings", 4096}})
+          .config);
+  CHECK(bp.max_positions == 4096);
+  CHECK(bp.options.offset == 0);
+  CHECK_THROWS_WITH(posenc::io::sinusoidal_spec_from_hf(json{{"model_type", "gpt2"}, {"n_embd", 768}}),
+                    Catch::Contains("model_type: has no sinusoidal positions posenc reads"));
 }

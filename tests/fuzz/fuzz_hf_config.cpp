@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <variant>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "posenc/alibi.hpp"
 #include "posenc/io/hf_config.hpp"
 #include "posenc/rope.hpp"
+#include "posenc/sinusoidal.hpp"
 
 namespace {
 
@@ -32,6 +34,11 @@ void exercise(const posenc::io::hf_encoding& e) {
     (void)posenc::alibi_slopes(a->heads, a->max_bias);
   } else if (const auto* t = std::get_if<posenc::t5_config>(&e.config)) {
     (void)posenc::t5_relative_bucket(-100, t->num_buckets, t->max_distance, !t->is_decoder);
+  } else if (const auto* s = std::get_if<posenc::io::sinusoidal_spec>(&e.config)) {
+    if (s->config.d_model > max_dim) return;
+    const posenc::sinusoidal pe(s->config);
+    std::vector<float> row(static_cast<std::size_t>(s->config.d_model));
+    pe.row(7.0, std::span<float>(row));
   }
 }
 

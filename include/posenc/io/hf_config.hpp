@@ -10,6 +10,8 @@
 //   t5_config_from_hf       T5: relative_attention_num_buckets, relative_attention_max_distance,
 //                           is_decoder
 //   learned_spec_from_hf    learned absolute: max_position_embeddings, width, row offset (OPT/BART/BioGPT 2)
+//   sinusoidal_spec_from_hf sinusoidal tables a model computes (Marian, Pegasus; fairseq's M2M100 / NLLB,
+//                           XGLM, Speech2Text, FSMT in float32, rows offset by pad_token_id + 1)
 //   attention_config_from_hf  what a host needs besides the encoding (model_attention_config) for a
 //                           decoder, or for either stack of an encoder-decoder model (attention_stack): heads,
 //                           kv heads, head_dim, the sliding window and which layers use it (Mistral,
@@ -50,6 +52,7 @@
 #include "posenc/learned.hpp"
 #include "posenc/options.hpp"
 #include "posenc/rope.hpp"
+#include "posenc/sinusoidal.hpp"
 #include "posenc/t5.hpp"
 
 namespace posenc::io {
@@ -481,9 +484,10 @@ struct learned_spec {
 
 /// Learned absolute positions: GPT-2 (n_positions, n_embd), BERT / RoBERTa / OPT / BART
 /// (max_position_embeddings, hidden_size / d_model), MPT without ALiBi
-/// (max_seq_len, d_model). OPT, BART, mBART and BioGPT look position p up at row p + 2 and size their
-/// table max_position_embeddings + 2 (OPTLearnedPositionalEmbedding, BartLearnedPositionalEmbedding,
-/// BioGptLearnedPositionalEmbedding); Blenderbot's tables have no offset (arange positions);
+/// (max_seq_len, d_model). OPT, BART, mBART, PLBart, MVP, BioGPT and TrOCR look position p up at row
+/// p + 2 and size their table max_position_embeddings + 2 (OPTLearnedPositionalEmbedding,
+/// BartLearnedPositionalEmbedding and its copies, BioGptLearnedPositionalEmbedding,
+/// TrOCRLearnedPositionalEmbedding); Blenderbot's and BigBird-Pegasus's tables have no offset (arange positions);
 /// RoBERTa-style models start real tokens at padding_idx + 1 within max_position_embeddings rows.
 /// ELECTRA's table is embedding_size wide (default 128), not hidden_size. A BERT-style config whose
 /// position_embedding_type is not "absolute" (relative_key, relative_key_query) adds no table to its
@@ -502,7 +506,7 @@ struct learned_spec {
   s.d_model = mt == "electra" ? get<index_t>(cfg, {"embedding_size"}).value_or(128)
                               : detail::need<index_t>(cfg, detail::hidden_keys, "learned positions");
   s.max_positions = n;
-  if (detail::one_of(mt, {"opt", "bart", "mbart", "biogpt"})) {
+  if (detail::one_of(mt, {"opt", "bart", "mbart", "plbart", "mvp", "biogpt", "trocr"})) {
     s.options.offset = 2;
     s.max_positions = n + 2;
   } else if (detail::one_of(mt, {"roberta", "xlm-roberta", "camembert", "longformer", "xlm-roberta-xl"})) {
@@ -522,6 +526,59 @@ template <class W>
           "must be [max_positions, d_model] as the config says", "[", weight.dimension(0), ", ", weight.dimension(1),
           "] vs [", s.max_positions, ", ", s.d_model, "]");
   return learned_absolute<W>(weight, s.options);
+}
+
+/// What a sinusoidal table needs: the sinusoid and how many positions the model's table holds.
+struct sinusoidal_spec {
+  sinusoidal_config config{};
+  /// The positions the model's table holds (Marian, Pegasus: max_position_embeddings; transformers fails
+  /// beyond it); unset where the model computes any position (the fairseq family grows its table).
+  std::optional<index_t> max_positions{};
+};
+
+/// Sinusoidal absolute positions, computed by the model rather than stored in its checkpoint. Width
+/// d_model (hidden_size); the concat layout [sin | cos], PE added to the token embeddings after their
+/// sqrt(d_model) scale (scale_embedding). By model_type:
+///   marian, pegasus: MarianSinusoidalPositionalEmbedding._init_weight, base^(-2k/d) in NumPy float64
+///     (sinusoid_angles::exact), row = position, max_position_embeddings rows. An odd d_model is an error
+///     (the extra channel is a sin there, not posenc's zero).
+///   m2m_100 (NLLB-200), nllb-moe, speech_to_text, fsmt, trocr with use_learned_position_embeddings false:
+///     fairseq's get_embedding, the t2t schedule in float32 (sinusoid_angles::float32), row = position +
+///     pad_token_id + 1 (create_position_ids_from_input_ids; pad_token_id defaults to 1); the table grows.
+///   xglm: the same table, row = position + 2 (XGLMSinusoidalPositionalEmbedding adds its offset to the
+///     position ids whatever the pad token).
+///   pegasus_x: the same schedule in the activations' dtype (float32 for a float model), row = position.
+/// The fairseq family gives pad tokens its zeroed padding row; posenc gives them their position's row, which
+/// only padded (masked) tokens see.
+[[nodiscard]] inline sinusoidal_spec sinusoidal_spec_from_hf(const nlohmann::json& cfg) {
+  using detail::get;
+  require(cfg.is_object(), "config", "must be a JSON object");
+  const std::string mt = detail::model_type(cfg);
+  sinusoidal_spec s;
+  s.config.d_model = detail::need<index_t>(cfg, detail::hidden_keys, "sinusoidal positions");
+  require(s.config.d_model > 0, "d_model", "must be > 0", s.config.d_model);
+  s.config.layout = sinusoid_layout::concat;
+  if (detail::one_of(mt, {"marian", "pegasus"})) {
+    require(s.config.d_model % 2 == 0, "d_model",
+            "must be even for a Marian-style table (an odd one puts an extra sin channel where posenc puts a zero)",
+            s.config.d_model);
+    s.config.schedule = frequency_schedule::vaswani;
+    s.max_positions = detail::need<index_t>(cfg, {"max_position_embeddings"}, "sinusoidal positions");
+    require(*s.max_positions > 0, "max_position_embeddings", "must be > 0", *s.max_positions);
+    return s;
+  }
+  require(detail::one_of(mt, {"m2m_100", "nllb-moe", "speech_to_text", "fsmt", "trocr", "xglm", "pegasus_x"}),
+          "model_type", "has no sinusoidal positions posenc reads", mt.empty() ? "(none)" : mt);
+  s.config.schedule = frequency_schedule::t2t;
+  s.config.angles = sinusoid_angles::float32;
+  if (mt == "xglm") {
+    s.config.offset = 2;
+  } else if (mt != "pegasus_x") {
+    const auto pad = get<index_t>(cfg, {"pad_token_id"}).value_or(1);
+    require(pad >= 0 && pad < (index_t{1} << 30), "pad_token_id", "must be in [0, 2^30)", pad);
+    s.config.offset = pad + 1;
+  }
+  return s;
 }
 
 /// A t5_relative_bias viewing the checkpoint's relative_attention_bias weight [num_buckets, heads].
@@ -1005,9 +1062,9 @@ inline void read_stack_heads(const json& cfg, attention_stack stack, model_atten
 
 /// Which family a config uses, with that family's config.
 struct hf_encoding {
-  std::string family;  ///< "rope", "alibi", "t5", "learned"
+  std::string family;  ///< "rope", "alibi", "t5", "sinusoidal", "learned"
   std::string model_type;
-  std::variant<rope_config, alibi_config, t5_config, learned_spec> config;
+  std::variant<rope_config, alibi_config, t5_config, learned_spec, sinusoidal_spec> config;
 };
 
 /// One row per family, tried in order: `matches` looks at model_type and keys, `read` builds it.
@@ -1043,14 +1100,21 @@ inline bool is_rope(const json& c) {
                  "cohere",  "deepseek_v2", "deepseek_v3", "internlm2", "granite",     "persimmon", "dbrx",
                  "olmo3",   "olmoe",       "phimoe",      "nemotron",  "ministral",   "exaone4"});
 }
+/// TrOCR's decoder learns its positions unless use_learned_position_embeddings is false (TrOCRDecoder).
+inline bool trocr_sinusoidal(const json& c) {
+  return model_type(c) == "trocr" && !get<bool>(c, {"use_learned_position_embeddings"}).value_or(true);
+}
+inline bool is_sinusoidal(const json& c) {
+  return one_of(model_type(c),
+                {"marian", "pegasus", "m2m_100", "nllb-moe", "speech_to_text", "fsmt", "xglm", "pegasus_x"}) ||
+         trocr_sinusoidal(c);
+}
 inline bool is_learned(const json& c) {
   const std::string mt = model_type(c);
   if (mt == "mpt") return true;  // reached only when ALiBi is off: learned_pos_emb
-  // Marian's positions are a sinusoid computed at load (MarianSinusoidalPositionalEmbedding, left out of
-  // its checkpoints), not a learned table
-  return one_of(mt, {"gpt2", "gpt_neo", "opt", "bart", "mbart", "blenderbot", "blenderbot-small", "bert", "roberta",
-                     "xlm-roberta", "xlm-roberta-xl", "camembert", "distilbert", "electra", "longformer", "biogpt",
-                     "gpt_bigcode"});
+  return one_of(mt, {"gpt2", "gpt_neo", "opt", "bart", "mbart", "plbart", "mvp", "blenderbot", "blenderbot-small",
+                     "bigbird_pegasus", "bert", "roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "distilbert",
+                     "electra", "longformer", "biogpt", "gpt_bigcode", "trocr"});
 }
 
 }  // namespace detail
@@ -1069,6 +1133,10 @@ inline bool is_learned(const json& c) {
       {"rope", detail::is_rope,
        [](const nlohmann::json& c) {
          return hf_encoding{"rope", detail::model_type(c), rope_config_from_hf(c)};
+       }},
+      {"sinusoidal", detail::is_sinusoidal,
+       [](const nlohmann::json& c) {
+         return hf_encoding{"sinusoidal", detail::model_type(c), sinusoidal_spec_from_hf(c)};
        }},
       {"learned", detail::is_learned,
        [](const nlohmann::json& c) {
