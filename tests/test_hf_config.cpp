@@ -1267,7 +1267,7 @@ TEST_CASE("hf_config: the decoder and encoder stacks of encoder-decoder models; 
                     Catch::Contains("prophetnet is not supported"));
 }
 
-TEST_CASE("hf_config: sinusoidal positions of Marian, Pegasus and the fairseq family; more learned tables",
+TEST_CASE("hf_config: sinusoidal positions of Marian, Pegasus and the fairseq family; more learned tables (Whisper, LED)",
           "[io][hf_config]") {
   using posenc::io::encoding_from_hf;
   using posenc::io::sinusoidal_spec;
@@ -1355,4 +1355,27 @@ TEST_CASE("hf_config: sinusoidal positions of Marian, Pegasus and the fairseq fa
   CHECK(bp.options.offset == 0);
   CHECK_THROWS_WITH(posenc::io::sinusoidal_spec_from_hf(json{{"model_type", "gpt2"}, {"n_embd", 768}}),
                     Catch::Contains("model_type: has no sinusoidal positions posenc reads"));
+
+  // openai/whisper-tiny: the decoder's WhisperPositionalEmbedding has max_target_positions rows (448), row =
+  // position; the encoder adds the first max_source_positions rows (1500) of the sinusoid its checkpoint stores.
+  const json whisper = json::parse(R"({"model_type": "whisper", "d_model": 384, "encoder_attention_heads": 6,
+    "decoder_attention_heads": 6, "encoder_layers": 4, "decoder_layers": 4, "max_source_positions": 1500,
+    "max_target_positions": 448, "pad_token_id": 50257})");
+  CHECK(encoding_from_hf(whisper).family == "learned");
+  const auto wd = posenc::io::learned_spec_from_hf(whisper);
+  CHECK(wd.max_positions == 448);
+  CHECK(wd.d_model == 384);
+  CHECK(wd.options.offset == 0);
+  CHECK(posenc::io::learned_spec_from_hf(whisper, posenc::io::attention_stack::encoder).max_positions == 1500);
+  std::vector<float> table(1500 * 384, 0.0f);
+  CHECK_NOTHROW(posenc::io::learned_from_hf<float>(whisper, posenc::tensor_map<const float, 2>(table.data(), 1500, 384),
+                                                    posenc::io::attention_stack::encoder));
+  CHECK_THROWS_WITH(
+      posenc::io::learned_from_hf<float>(whisper, posenc::tensor_map<const float, 2>(table.data(), 1500, 384)),
+      Catch::Contains("weight: must be [max_positions, d_model]") && Catch::Contains("[448, 384]"));
+  // LEDLearnedPositionalEmbedding: no offset, max_decoder_position_embeddings / max_encoder_position_embeddings.
+  const json led = json::parse(R"({"model_type": "led", "d_model": 1024, "max_encoder_position_embeddings": 16384,
+    "max_decoder_position_embeddings": 1024})");
+  CHECK(posenc::io::learned_spec_from_hf(led).max_positions == 1024);
+  CHECK(posenc::io::learned_spec_from_hf(led, posenc::io::attention_stack::encoder).max_positions == 16384);
 }

@@ -475,6 +475,15 @@ namespace detail {
   return t;
 }
 
+/// Which stack of a model a reader describes (attention_config_from_hf, learned_spec_from_hf).
+enum class attention_stack {
+  /// The causal self-attention a decode loop runs: a decoder-only model's, or an encoder-decoder model's
+  /// decoder (BART, Marian, T5, Whisper, ...). An encoder-only model (BERT) has only its encoder.
+  decoder,
+  /// The bidirectional self-attention of an encoder-decoder model's encoder, or of an encoder-only model.
+  encoder,
+};
+
 /// What a learned absolute table needs: its rows, its width and the row of position 0.
 struct learned_spec {
   index_t max_positions = 0;  ///< rows of the embedding table
@@ -491,8 +500,13 @@ struct learned_spec {
 /// RoBERTa-style models start real tokens at padding_idx + 1 within max_position_embeddings rows.
 /// ELECTRA's table is embedding_size wide (default 128), not hidden_size. A BERT-style config whose
 /// position_embedding_type is not "absolute" (relative_key, relative_key_query) adds no table to its
-/// embeddings (its checkpoint still holds an unused one): an error.
-[[nodiscard]] inline learned_spec learned_spec_from_hf(const nlohmann::json& cfg) {
+/// embeddings (its checkpoint still holds an unused one): an error. `stack` picks the table where a
+/// model's encoder and decoder size theirs apart: Whisper's decoder max_target_positions rows
+/// (WhisperPositionalEmbedding) and its encoder's max_source_positions (the sinusoid its checkpoint
+/// stores, added to every frame); LED's max_decoder_position_embeddings / max_encoder_position_embeddings.
+/// Every other model has one size for both.
+[[nodiscard]] inline learned_spec learned_spec_from_hf(const nlohmann::json& cfg,
+                                                       attention_stack stack = attention_stack::decoder) {
   using detail::get;
   require(cfg.is_object(), "config", "must be a JSON object");
   const std::string mt = detail::model_type(cfg);
@@ -501,8 +515,16 @@ struct learned_spec {
   require(position_type == "absolute", "position_embedding_type",
           "is not absolute: the model adds relative-distance terms to its logits, not a learned table", position_type,
           " for model_type ", mt);
-  const index_t n =
-      detail::need<index_t>(cfg, {"max_position_embeddings", "n_positions", "max_seq_len"}, "learned positions");
+  const bool dec = stack == attention_stack::decoder;
+  const index_t n = [&] {
+    constexpr std::string_view what = "learned positions";
+    if (mt == "whisper")
+      return detail::need<index_t>(cfg, {dec ? "max_target_positions" : "max_source_positions"}, what);
+    if (mt == "led")
+      return detail::need<index_t>(cfg, {dec ? "max_decoder_position_embeddings" : "max_encoder_position_embeddings"},
+                                   what);
+    return detail::need<index_t>(cfg, {"max_position_embeddings", "n_positions", "max_seq_len"}, what);
+  }();
   s.d_model = mt == "electra" ? get<index_t>(cfg, {"embedding_size"}).value_or(128)
                               : detail::need<index_t>(cfg, detail::hidden_keys, "learned positions");
   s.max_positions = n;
@@ -520,8 +542,9 @@ struct learned_spec {
 /// A learned_absolute viewing `weight` (the checkpoint's position-embedding matrix), checked against
 /// the config.
 template <class W>
-[[nodiscard]] learned_absolute<W> learned_from_hf(const nlohmann::json& cfg, tensor_map<const W, 2> weight) {
-  const learned_spec s = learned_spec_from_hf(cfg);
+[[nodiscard]] learned_absolute<W> learned_from_hf(const nlohmann::json& cfg, tensor_map<const W, 2> weight,
+                                                  attention_stack stack = attention_stack::decoder) {
+  const learned_spec s = learned_spec_from_hf(cfg, stack);
   require(weight.dimension(0) == s.max_positions && weight.dimension(1) == s.d_model, "weight",
           "must be [max_positions, d_model] as the config says", "[", weight.dimension(0), ", ", weight.dimension(1),
           "] vs [", s.max_positions, ", ", s.d_model, "]");
@@ -594,15 +617,6 @@ template <class W>
 }
 
 // ---- the attention of a decoder (or an encoder) ----------------------------------------------------
-
-/// Which self-attention of a model attention_config_from_hf reads.
-enum class attention_stack {
-  /// The causal self-attention a decode loop runs: a decoder-only model's, or an encoder-decoder model's
-  /// decoder (BART, Marian, T5, Whisper, ...). An encoder-only model (BERT) has only its encoder.
-  decoder,
-  /// The bidirectional self-attention of an encoder-decoder model's encoder, or of an encoder-only model.
-  encoder,
-};
 
 /// What a host needs from config.json besides the positional encoding to run a model's attention.
 struct model_attention_config {
@@ -1114,7 +1128,7 @@ inline bool is_learned(const json& c) {
   if (mt == "mpt") return true;  // reached only when ALiBi is off: learned_pos_emb
   return one_of(mt, {"gpt2", "gpt_neo", "opt", "bart", "mbart", "plbart", "mvp", "blenderbot", "blenderbot-small",
                      "bigbird_pegasus", "bert", "roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "distilbert",
-                     "electra", "longformer", "biogpt", "gpt_bigcode", "trocr"});
+                     "electra", "longformer", "biogpt", "gpt_bigcode", "trocr", "whisper", "led"});
 }
 
 }  // namespace detail
