@@ -1265,6 +1265,38 @@ TEST_CASE("hf_config: the decoder and encoder stacks of encoder-decoder models; 
   CHECK_THROWS_WITH(attention_config_from_hf(json::parse(R"({"model_type": "prophetnet", "hidden_size": 1024,
     "num_encoder_attention_heads": 16, "num_decoder_attention_heads": 16})")),
                     Catch::Contains("prophetnet is not supported"));
+  CHECK_THROWS_WITH(attention_config_from_hf(json{{"model_type", "xlm-prophetnet"}, {"hidden_size", 1024}}),
+                    Catch::Contains("xlm-prophetnet is not supported"));
+  // A Longformer marked is_decoder still attends locally.
+  CHECK_THROWS_WITH(attention_config_from_hf(json{{"model_type", "longformer"}, {"hidden_size", 768},
+                                                  {"num_attention_heads", 12}, {"is_decoder", true}}),
+                    Catch::Contains("longformer's encoder is not supported"));
+
+  // Relative terms a plain attention call would leave out: DeBERTa (c2p / p2c and its own scale), MPNet's
+  // bucket bias, BERT's relative_key (Shaw), MVP's prompt keys and values.
+  CHECK_THROWS_WITH(attention_config_from_hf(json{{"model_type", "deberta-v2"}, {"hidden_size", 768},
+                                                  {"num_attention_heads", 12}}),
+                    Catch::Contains("deberta-v2's attention adds disentangled relative terms"));
+  CHECK_THROWS_WITH(
+      attention_config_from_hf(json{{"model_type", "mpnet"}, {"hidden_size", 768}, {"num_attention_heads", 12}}),
+      Catch::Contains("mpnet's attention adds a relative bucket bias"));
+  json rel = bert;
+  rel["position_embedding_type"] = "relative_key_query";
+  CHECK_THROWS_WITH(attention_config_from_hf(rel), Catch::Contains("position_embedding_type: adds relative-position"));
+  json mvp = json::parse(R"({"model_type": "mvp", "d_model": 1024, "encoder_attention_heads": 16,
+    "decoder_attention_heads": 16, "encoder_layers": 12, "decoder_layers": 12, "use_prompt": false})");
+  CHECK(attention_config_from_hf(mvp).num_hidden_layers == 12);
+  mvp["use_prompt"] = true;
+  CHECK_THROWS_WITH(attention_config_from_hf(mvp), Catch::Contains("use_prompt: mvp with prompts"));
+
+  // TrOCRConfig, decoder-only: its attribute_map points num_attention_heads / num_hidden_layers at
+  // decoder_attention_heads / decoder_layers.
+  const auto trocr = attention_config_from_hf(json::parse(R"({"model_type": "trocr", "d_model": 1024,
+    "decoder_attention_heads": 16, "decoder_layers": 12, "max_position_embeddings": 512})"));
+  CHECK(trocr.num_attention_heads == 16);
+  CHECK(trocr.head_dim == 64);
+  CHECK(trocr.num_hidden_layers == 12);
+  CHECK(trocr.causal);
 }
 
 TEST_CASE("hf_config: sinusoidal positions of Marian, Pegasus and the fairseq family; more learned tables (Whisper, LED)",

@@ -250,11 +250,34 @@ inline void refuse_unsupported_attention(const json& cfg) {
       mt != "doge", "model_type",
       "doge is not supported: its dynamic mask (a bias from the values, top-k keys per query) is not a posenc mask");
   require(mt != "diffllama", "model_type", "diffllama is not supported: its differential attention is two softmaxes");
-  // ProphetNetNgramSelfAttention adds bucketed relative logits to absolute positions and runs n-gram
-  // predicting streams beside the main one.
-  require(mt != "prophetnet", "model_type",
-          "prophetnet is not supported: its decoder's n-gram self-attention adds relative logits and predicting "
-          "streams");
+  // ProphetNetNgramSelfAttention (and XLM-ProphetNet's copy) adds bucketed relative logits to absolute
+  // positions and runs n-gram predicting streams beside the main one.
+  require(!one_of(mt, {"prophetnet", "xlm-prophetnet"}), "model_type",
+          posenc::detail::concat(mt,
+                                 " is not supported: its decoder's n-gram self-attention adds relative logits "
+                                 "and predicting streams"));
+}
+
+/// Models whose attention adds relative terms to the logits (and DeBERTa its own scale), which a plain
+/// attention_options call would leave out: DeBERTa's disentangled c2p / p2c terms with the scale
+/// (head_dim (1 + terms))^-1/2 (posenc::io::deberta_config_from_hf reads them), MPNet's relative bucket
+/// bias, a BERT-style position_embedding_type relative_key / relative_key_query (Shaw-style relative keys:
+/// posenc::shaw). MVP with use_prompt puts prompt_length learned keys and values before every attention's
+/// own (MvpAttention).
+inline void refuse_relative_attention(const json& cfg) {
+  const std::string mt = model_type(cfg);
+  require(!one_of(mt, {"deberta", "deberta-v2"}), "model_type",
+          posenc::detail::concat(mt,
+                                 "'s attention adds disentangled relative terms and scales by (head_dim (1 + "
+                                 "terms))^-1/2: read it with posenc::io::deberta_config_from_hf"));
+  require(mt != "mpnet", "model_type", "mpnet's attention adds a relative bucket bias to its logits");
+  const std::string position_type = get<std::string>(cfg, {"position_embedding_type"}).value_or("absolute");
+  require(!one_of(position_type, {"relative_key", "relative_key_query"}), "position_embedding_type",
+          "adds relative-position terms to the logits (Shaw et al.: posenc::shaw), which model_attention_config "
+          "does not describe",
+          position_type);
+  require(!(mt == "mvp" && get<bool>(cfg, {"use_prompt"}).value_or(false)), "use_prompt",
+          "mvp with prompts attends to prompt_length learned keys and values besides the sequence's", "true");
 }
 
 /// The rope block: rope_parameters (transformers >= 4.56 / v5) or rope_scaling; null when absent. A
@@ -927,7 +950,8 @@ inline bool is_encoder_decoder(const json& cfg) {
   return one_of(model_type(cfg),
                 {"bart", "mbart", "plbart", "mvp", "marian", "pegasus", "pegasus_x", "m2m_100", "nllb-moe",
                  "blenderbot", "blenderbot-small", "fsmt", "whisper", "speech_to_text", "led", "bigbird_pegasus",
-                 "seamless_m4t", "moonshine", "t5", "mt5", "umt5", "longt5", "switch_transformers"});
+                 "seamless_m4t", "seamless_m4t_v2", "moonshine", "t5", "mt5", "umt5", "longt5",
+                 "switch_transformers"});
 }
 
 /// Encoder-only models: one bidirectional stack, causal only when the config sets is_decoder
@@ -977,9 +1001,9 @@ inline void read_decoder_heads(const json& cfg, model_attention_config& a) {
 }
 
 /// The heads, head_dim and layer count of an encoder-decoder model's stack (attention_config_from_hf):
-/// the stack's own keys (BartConfig's decoder_attention_heads / decoder_layers, ProphetNet-style
-/// num_decoder_layers, Moonshine's decoder_num_attention_heads), else the keys both stacks share (T5's
-/// num_heads and num_layers, which its num_decoder_layers defaults to). Kv heads come only from the stack's
+/// the stack's own keys (BartConfig's decoder_attention_heads / decoder_layers, T5's num_decoder_layers,
+/// Moonshine's decoder_num_attention_heads), else the keys both stacks share (T5's num_heads, and
+/// num_layers, which num_decoder_layers defaults to). Kv heads come only from the stack's
 /// own key (Moonshine), else equal the heads: WhisperConfig's attribute_map makes num_key_value_heads the
 /// encoder's head count. head_dim is d_kv / head_dim, else d_model / the stack's heads (BartAttention).
 inline void read_stack_heads(const json& cfg, attention_stack stack, model_attention_config& a) {
@@ -1007,10 +1031,11 @@ inline void read_stack_heads(const json& cfg, attention_stack stack, model_atten
 /// gives its decoder's self-attention by default and its encoder's with attention_stack::encoder
 /// (detail::read_stack_heads); a decoder-only or encoder-only model its one stack (detail::read_decoder_heads),
 /// and asking a decoder-only model for its encoder is an error. An encoder that attends locally is refused
-/// (detail::refuse_local_encoder), as are JetMoE, Zamba2, Doge, DiffLlama and ProphetNet
-/// (detail::refuse_unsupported_attention). Which layers slide: detail::read_window_layers (layer_types,
-/// transformers >= 4.53, when present; else each model's rule); which rotate: detail::read_rope_layers; the
-/// logit scale: detail::read_logit_scale.
+/// (detail::refuse_local_encoder), as are JetMoE, Zamba2, Doge, DiffLlama and (XLM-)ProphetNet
+/// (detail::refuse_unsupported_attention), and models whose logits take relative terms this struct does not
+/// describe (DeBERTa, MPNet, BERT's relative_key, MVP's prompts: detail::refuse_relative_attention). Which
+/// layers slide: detail::read_window_layers (layer_types, transformers >= 4.53, when present; else each
+/// model's rule); which rotate: detail::read_rope_layers; the logit scale: detail::read_logit_scale.
 [[nodiscard]] inline model_attention_config attention_config_from_hf(const nlohmann::json& top,
                                                                      attention_stack stack = attention_stack::decoder) {
   using detail::get;
@@ -1022,14 +1047,16 @@ inline void read_stack_heads(const json& cfg, attention_stack stack, model_atten
   if (a.model_type.empty()) a.model_type = detail::model_type(top);
   const std::string mt = a.model_type;
   detail::refuse_unsupported_attention(cfg);
+  detail::refuse_relative_attention(cfg);
   const bool encoder_decoder = detail::is_encoder_decoder(cfg), encoder_only = detail::is_encoder_only(mt);
   require(stack == attention_stack::decoder || encoder_decoder || encoder_only, "stack",
           posenc::detail::concat("must be decoder for model_type ", mt.empty() ? "(none)" : mt,
                                  ": it has no encoder (a decoder-only model)"));
   a.causal = encoder_decoder ? stack == attention_stack::decoder
                              : !encoder_only || get<bool>(cfg, {"is_decoder"}).value_or(false);
-  if (!a.causal) detail::refuse_local_encoder(cfg);
-  if (encoder_decoder)
+  if (!a.causal || encoder_only) detail::refuse_local_encoder(cfg);
+  // a decoder-only model with a decoder's keys (TrOCR, Speech2Text2) reads them as a decoder stack
+  if (encoder_decoder || detail::find_key(cfg, {"decoder_attention_heads"}) != nullptr)
     detail::read_stack_heads(cfg, stack, a);
   else
     detail::read_decoder_heads(cfg, a);
