@@ -1353,12 +1353,17 @@ TEST_CASE("hf_config: sinusoidal positions of Marian, Pegasus and the fairseq fa
     const float a = 102.0f * w;
     CHECK(row[static_cast<std::size_t>(c)] == (c < 512 ? std::sin(a) : std::cos(a)));
   }
-  for (const char* mt_name : {"nllb-moe", "speech_to_text", "fsmt"}) {
+  for (const char* mt_name : {"nllb-moe", "speech_to_text", "fsmt", "seamless_m4t", "kosmos_2_text_model"}) {
     json c = json{{"model_type", mt_name}, {"d_model", 256}, {"pad_token_id", 0}};
     CHECK(std::get<sinusoidal_spec>(encoding_from_hf(c).config).config.offset == 1);
     c.erase("pad_token_id");  // the classes' default pad_token_id is 1
     CHECK(std::get<sinusoidal_spec>(encoding_from_hf(c).config).config.offset == 2);
   }
+  // Kosmos-2 (microsoft/kosmos-2-patch14-224): the text model's table, from the config's text_config.
+  const auto k2 = encoding_from_hf(json::parse(R"({"model_type": "kosmos-2", "text_config": {"model_type":
+    "kosmos_2_text_model", "embed_dim": 2048, "attention_heads": 32, "layers": 24, "pad_token_id": 1}})"));
+  CHECK(std::get<sinusoidal_spec>(k2.config).config.d_model == 2048);
+  CHECK(std::get<sinusoidal_spec>(k2.config).config.offset == 2);
   // XGLM adds its offset 2 to the position ids whatever the pad token; PEGASUS-X has no offset.
   CHECK(std::get<sinusoidal_spec>(
             encoding_from_hf(json{{"model_type", "xglm"}, {"d_model", 1024}, {"pad_token_id", 5}}).config)

@@ -588,9 +588,10 @@ struct sinusoidal_spec {
 ///   marian, pegasus: MarianSinusoidalPositionalEmbedding._init_weight, base^(-2k/d) in NumPy float64
 ///     (sinusoid_angles::exact), row = position, max_position_embeddings rows. An odd d_model is an error
 ///     (the extra channel is a sin there, not posenc's zero).
-///   m2m_100 (NLLB-200), nllb-moe, speech_to_text, fsmt, trocr with use_learned_position_embeddings false:
-///     fairseq's get_embedding, the t2t schedule in float32 (sinusoid_angles::float32), row = position +
-///     pad_token_id + 1 (create_position_ids_from_input_ids; pad_token_id defaults to 1); the table grows.
+///   m2m_100 (NLLB-200), nllb-moe, speech_to_text, fsmt, SeamlessM4T's text stacks, Kosmos-2's text model,
+///     trocr with use_learned_position_embeddings false: fairseq's get_embedding, the t2t schedule in
+///     float32 (sinusoid_angles::float32), row = position + pad_token_id + 1
+///     (create_position_ids_from_input_ids; pad_token_id defaults to 1); the table grows.
 ///   xglm: the same table, row = position + 2 (XGLMSinusoidalPositionalEmbedding adds its offset to the
 ///     position ids whatever the pad token).
 ///   pegasus_x: the same schedule in the activations' dtype (float32 for a float model), row = position.
@@ -613,7 +614,8 @@ struct sinusoidal_spec {
     require(*s.max_positions > 0, "max_position_embeddings", "must be > 0", *s.max_positions);
     return s;
   }
-  require(detail::one_of(mt, {"m2m_100", "nllb-moe", "speech_to_text", "fsmt", "trocr", "xglm", "pegasus_x"}),
+  require(detail::one_of(mt, {"m2m_100", "nllb-moe", "speech_to_text", "fsmt", "trocr", "seamless_m4t",
+                              "seamless_m4t_v2", "kosmos_2_text_model", "xglm", "pegasus_x"}),
           "model_type", "has no sinusoidal positions posenc reads", mt.empty() ? "(none)" : mt);
   s.config.schedule = frequency_schedule::t2t;
   s.config.angles = sinusoid_angles::float32;
@@ -1146,8 +1148,8 @@ inline bool trocr_sinusoidal(const json& c) {
   return model_type(c) == "trocr" && !get<bool>(c, {"use_learned_position_embeddings"}).value_or(true);
 }
 inline bool is_sinusoidal(const json& c) {
-  return one_of(model_type(c),
-                {"marian", "pegasus", "m2m_100", "nllb-moe", "speech_to_text", "fsmt", "xglm", "pegasus_x"}) ||
+  return one_of(model_type(c), {"marian", "pegasus", "m2m_100", "nllb-moe", "speech_to_text", "fsmt", "seamless_m4t",
+                                "seamless_m4t_v2", "kosmos_2_text_model", "xglm", "pegasus_x"}) ||
          trocr_sinusoidal(c);
 }
 inline bool is_learned(const json& c) {
