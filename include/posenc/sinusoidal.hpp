@@ -154,9 +154,9 @@ class sinusoidal {
   void write_row(double position, T* out) const {
     const double at = position + static_cast<double>(config_.offset);
     if (config_.angles == sinusoid_angles::float32)
-      detail::sinusoid_row_f32(at, w32_, config_.layout, config_.d_model, out);
+      detail::sinusoid_row<false>(at, std::span<const float>(w32_), config_.layout, config_.d_model, out);
     else
-      detail::sinusoid_row<false>(at, w_, config_.layout, config_.d_model, out);
+      detail::sinusoid_row<false>(at, std::span<const double>(w_), config_.layout, config_.d_model, out);
   }
 
   sinusoidal_config config_;

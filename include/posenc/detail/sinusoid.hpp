@@ -76,12 +76,15 @@ namespace detail {
 }
 
 /// Write (or, with Accumulate, add) the row of `position` into out[0 .. d_model): the angle
-/// position * w_i in double, sin/cos in double, one rounding to T at the end.
-template <bool Accumulate, class T>
-void sinusoid_row(double position, std::span<const double> w, sinusoid_layout layout, index_t d_model, T* out) {
+/// position * w_i and its sin/cos in the frequencies' type W, one rounding to T at the end. W = double is
+/// the exact row; W = float the float32 path (sinusoid_angles::float32: the position rounded to float, the
+/// angle rounded to float).
+template <bool Accumulate, class W, class T>
+void sinusoid_row_in(double position, std::span<const W> w, sinusoid_layout layout, index_t d_model, T* out) {
   const index_t n = static_cast<index_t>(w.size());
+  const W p = static_cast<W>(position);
   for (index_t i = 0; i < n; ++i) {
-    const double a = position * w[static_cast<std::size_t>(i)];
+    const W a = p * w[static_cast<std::size_t>(i)];
     const T s = static_cast<T>(std::sin(a)), c = static_cast<T>(std::cos(a));
     const index_t is = layout == sinusoid_layout::interleaved ? 2 * i : i;
     const index_t ic = layout == sinusoid_layout::interleaved ? 2 * i + 1 : n + i;
@@ -99,6 +102,18 @@ void sinusoid_row(double position, std::span<const double> w, sinusoid_layout la
   }
 }
 
+/// sinusoid_row_in with double frequencies (sinusoid_frequencies): the exact row.
+template <bool Accumulate, class T>
+void sinusoid_row(double position, std::span<const double> w, sinusoid_layout layout, index_t d_model, T* out) {
+  sinusoid_row_in<Accumulate>(position, w, layout, d_model, out);
+}
+
+/// sinusoid_row_in with float frequencies (sinusoid_frequencies_f32): the float32 path.
+template <bool Accumulate, class T>
+void sinusoid_row(double position, std::span<const float> w, sinusoid_layout layout, index_t d_model, T* out) {
+  sinusoid_row_in<Accumulate>(position, w, layout, d_model, out);
+}
+
 /// The n = d_model/2 frequencies as PyTorch's float32 code computes them (sinusoid_angles::float32).
 [[nodiscard]] inline std::vector<float> sinusoid_frequencies_f32(index_t d_model, double base,
                                                                  frequency_schedule schedule) {
@@ -112,21 +127,6 @@ void sinusoid_row(double position, std::span<const double> w, sinusoid_layout la
   std::vector<float> w(static_cast<std::size_t>(n));
   for (index_t i = 0; i < n; ++i) w[static_cast<std::size_t>(i)] = std::exp(static_cast<float>(t2t ? i : 2 * i) * step);
   return w;
-}
-
-/// The row of `position` on the float32 path (sinusoid_angles::float32) into out[0 .. d_model).
-template <class T>
-void sinusoid_row_f32(double position, std::span<const float> w, sinusoid_layout layout, index_t d_model, T* out) {
-  const index_t n = static_cast<index_t>(w.size());
-  const float p = static_cast<float>(position);
-  for (index_t i = 0; i < n; ++i) {
-    const float a = p * w[static_cast<std::size_t>(i)];
-    const index_t is = layout == sinusoid_layout::interleaved ? 2 * i : i;
-    const index_t ic = layout == sinusoid_layout::interleaved ? 2 * i + 1 : n + i;
-    out[is] = static_cast<T>(std::sin(a));
-    out[ic] = static_cast<T>(std::cos(a));
-  }
-  if (2 * n < d_model) out[d_model - 1] = T(0);
 }
 
 /// Write the row of the angles whose sines and cosines are sn[i], cs[i] (i < n) into out[0 .. d_model).

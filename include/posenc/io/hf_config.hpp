@@ -574,6 +574,26 @@ template <class W>
   return learned_absolute<W>(weight, s.options);
 }
 
+namespace detail {
+
+/// Marian's table (MarianSinusoidalPositionalEmbedding; Pegasus copies it), built in NumPy float64.
+inline bool marian_sinusoid(std::string_view mt) {
+  return one_of(mt, {"marian", "pegasus"});
+}
+/// fairseq's get_embedding in float32 (M2M100SinusoidalPositionalEmbedding and the models that copy it;
+/// PEGASUS-X computes the same schedule on the fly).
+inline bool fairseq_sinusoid(std::string_view mt) {
+  return one_of(mt, {"m2m_100", "nllb-moe", "speech_to_text", "fsmt", "seamless_m4t", "seamless_m4t_v2",
+                     "kosmos_2_text_model", "xglm", "pegasus_x"});
+}
+/// TrOCR's decoder learns its positions unless use_learned_position_embeddings is false (TrOCRDecoder),
+/// and then takes fairseq's table.
+inline bool trocr_sinusoidal(const json& c) {
+  return model_type(c) == "trocr" && !get<bool>(c, {"use_learned_position_embeddings"}).value_or(true);
+}
+
+}  // namespace detail
+
 /// What a sinusoidal table needs: the sinusoid and how many positions the model's table holds.
 struct sinusoidal_spec {
   sinusoidal_config config{};
@@ -605,7 +625,7 @@ struct sinusoidal_spec {
   s.config.d_model = detail::need<index_t>(cfg, detail::hidden_keys, "sinusoidal positions");
   require(s.config.d_model > 0, "d_model", "must be > 0", s.config.d_model);
   s.config.layout = sinusoid_layout::concat;
-  if (detail::one_of(mt, {"marian", "pegasus"})) {
+  if (detail::marian_sinusoid(mt)) {
     require(s.config.d_model % 2 == 0, "d_model",
             "must be even for a Marian-style table (an odd one puts an extra sin channel where posenc puts a zero)",
             s.config.d_model);
@@ -614,9 +634,8 @@ struct sinusoidal_spec {
     require(*s.max_positions > 0, "max_position_embeddings", "must be > 0", *s.max_positions);
     return s;
   }
-  require(detail::one_of(mt, {"m2m_100", "nllb-moe", "speech_to_text", "fsmt", "trocr", "seamless_m4t",
-                              "seamless_m4t_v2", "kosmos_2_text_model", "xglm", "pegasus_x"}),
-          "model_type", "has no sinusoidal positions posenc reads", mt.empty() ? "(none)" : mt);
+  require(detail::fairseq_sinusoid(mt) || mt == "trocr", "model_type", "has no sinusoidal positions posenc reads",
+          mt.empty() ? "(none)" : mt);
   s.config.schedule = frequency_schedule::t2t;
   s.config.angles = sinusoid_angles::float32;
   if (mt == "xglm") {
@@ -1143,14 +1162,9 @@ inline bool is_rope(const json& c) {
                  "cohere",  "deepseek_v2", "deepseek_v3", "internlm2", "granite",     "persimmon", "dbrx",
                  "olmo3",   "olmoe",       "phimoe",      "nemotron",  "ministral",   "exaone4"});
 }
-/// TrOCR's decoder learns its positions unless use_learned_position_embeddings is false (TrOCRDecoder).
-inline bool trocr_sinusoidal(const json& c) {
-  return model_type(c) == "trocr" && !get<bool>(c, {"use_learned_position_embeddings"}).value_or(true);
-}
 inline bool is_sinusoidal(const json& c) {
-  return one_of(model_type(c), {"marian", "pegasus", "m2m_100", "nllb-moe", "speech_to_text", "fsmt", "seamless_m4t",
-                                "seamless_m4t_v2", "kosmos_2_text_model", "xglm", "pegasus_x"}) ||
-         trocr_sinusoidal(c);
+  const std::string mt = model_type(c);
+  return marian_sinusoid(mt) || fairseq_sinusoid(mt) || trocr_sinusoidal(c);
 }
 inline bool is_learned(const json& c) {
   const std::string mt = model_type(c);
