@@ -35,15 +35,13 @@ int main() {
   // The cache: rotated keys and values in f16, [1, capacity, Hkv, D] (BSHD, as appended).
   std::vector<Eigen::half> k_cache(total * Hkv * D), v_cache(total * Hkv * D);
   std::vector<float> out(total * H * D);
-  // Appends tokens [first, first + count): rotate their keys once, at their positions, then store.
+  // Appends tokens [first, first + count): their keys rotated once, at their positions, and stored in
+  // the cache's f16 slots in the same pass (rotated in float, rounded once); their values rounded.
   auto append = [&](index_t first, index_t count) {
-    std::vector<float> rotated(k.begin() + first * Hkv * D, k.begin() + (first + count) * Hkv * D);
     const auto pos = posenc::contiguous_positions(1, count, first);
-    rope.apply(posenc::bshd(rotated.data(), 1, count, Hkv, D), posenc::view(pos));
-    for (index_t i = 0; i < count * Hkv * D; ++i) {
-      k_cache[first * Hkv * D + i] = Eigen::half(rotated[i]);
-      v_cache[first * Hkv * D + i] = Eigen::half(v[first * Hkv * D + i]);
-    }
+    rope.apply(posenc::bshd<const float>(k.data() + first * Hkv * D, 1, count, Hkv, D),
+               posenc::bshd(k_cache.data() + first * Hkv * D, 1, count, Hkv, D), posenc::view(pos));
+    for (index_t i = first * Hkv * D; i < (first + count) * Hkv * D; ++i) v_cache[i] = Eigen::half(v[i]);
   };
   // Queries [first, first + count) against the first first + count cached tokens.
   auto attend = [&](index_t first, index_t count) {

@@ -7,9 +7,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <numbers>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "golden.hpp"
@@ -691,6 +693,139 @@ TEST_CASE("rope: shift(k, delta) equals applying at position + delta", "[rope][s
       CHECK(max_abs_diff(to_double(fa), to_double(fb)) <= 3e-6);
     }
   }
+}
+
+/// Half a unit in the last place of S (f16 or bf16) at the magnitude of e: the largest distance from e
+/// to e rounded to nearest in S, normal or subnormal.
+template <class S>
+double half_ulp(double e) {
+  constexpr int mantissa = std::is_same_v<S, Eigen::half> ? 10 : 7;
+  constexpr int min_exp = std::is_same_v<S, Eigen::half> ? -14 : -126;  // the smallest normal's exponent
+  int ex = 0;
+  (void)std::frexp(e, &ex);  // |e| in [2^(ex-1), 2^ex)
+  return std::ldexp(1.0, std::max(ex - 1, min_exp) - mantissa - 1);
+}
+
+/// Every element of `got` (stored in S) is the double `want` rounded to nearest in S, within `slack` of
+/// a rounding midpoint (the float rotation's own error); returns the elements that are not exactly the
+/// nearest S of the double value (ties of the two roundings), for a count.
+template <class S>
+std::size_t check_rounded(const std::vector<S>& got, const std::vector<double>& want, double slack) {
+  REQUIRE(got.size() == want.size());
+  std::size_t off = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double g = static_cast<double>(static_cast<float>(got[i]));
+    CHECK(std::abs(g - want[i]) <= half_ulp<S>(want[i]) + slack);
+    if (g != static_cast<double>(static_cast<float>(S(static_cast<float>(want[i]))))) ++off;
+  }
+  return off;
+}
+
+TEMPLATE_TEST_CASE(
+    "rope: keys rotated into a half-precision cache and shifted there are the double rotation rounded once",
+    "[rope][half][shift]", Eigen::half, Eigen::bfloat16) {
+  using S = TestType;
+  for (auto layout : {posenc::rope_layout::half, posenc::rope_layout::interleaved}) {
+    for (index_t rot : {64, 48}) {  // full and partial rotary (a pass-through tail of 16)
+      posenc::rope_config c = base_config(64, 10000.0, layout);
+      c.rotary_dim = rot;
+      const posenc::rope r(c);
+      std::vector<double> inv;
+      for (index_t i = 0; i < rot / 2; ++i) inv.push_back(theta(10000.0, i, rot));
+      const bool il = layout == posenc::rope_layout::interleaved;
+      // A preallocated cache [1, Hkv, capacity, D] (BHSD, as a Hugging Face static cache) holding n tokens;
+      // the new tokens are rotated at positions first.. and stored in the slots after them.
+      const index_t Hkv = 3, D = 64, capacity = 40, n = 11, fresh = 5;
+      const std::int64_t first = 70000;
+      const auto x = test_util::randn(static_cast<std::size_t>(fresh * Hkv * D), 21, 3.0);
+      const std::vector<float> xf(x.begin(), x.end());
+      const S sentinel = S(30000.0f);  // far above any rotated value
+      std::vector<S> cache(static_cast<std::size_t>(Hkv * capacity * D), sentinel);
+      const auto slots = posenc::bhsd(cache.data(), 1, Hkv, capacity, D).slice_tokens(n, fresh);
+      const auto pos = posenc::contiguous_positions(1, fresh, first);
+      r.apply(posenc::bshd<const float>(xf.data(), 1, fresh, Hkv, D), slots, posenc::view(pos));
+
+      std::vector<S> got;
+      std::vector<double> want;
+      for (index_t t = 0; t < fresh; ++t)
+        for (index_t h = 0; h < Hkv; ++h) {
+          const std::vector<double> row(xf.begin() + (t * Hkv + h) * D, xf.begin() + (t * Hkv + h + 1) * D);
+          const auto w = rotate_formula(row, static_cast<double>(first + t), inv, il, rot);
+          for (index_t d = 0; d < D; ++d) {
+            got.push_back(slots(0, t, h, d));
+            want.push_back(w[static_cast<std::size_t>(d)]);
+          }
+          for (index_t d = rot; d < D; ++d)
+            CHECK(slots(0, t, h, d) == S(xf[static_cast<std::size_t>((t * Hkv + h) * D + d)]));
+        }
+      // The float rotation of values up to ~12 at positions near 7e4 is within 2e-5 of the double one.
+      CHECK(check_rounded(got, want, 2e-5) <= got.size() / 100);
+      // Slots outside the new tokens' are not written.
+      std::size_t written = 0;
+      for (const S& e : cache) written += !(e == sentinel);
+      CHECK(written == static_cast<std::size_t>(fresh * Hkv * D));
+
+      // Context shifting in place on the half-precision slots: the stored keys rotated by delta in
+      // double, rounded once.
+      for (std::int64_t delta : {-65000, 3}) {
+        std::vector<S> before(cache);
+        r.shift(slots, delta);
+        std::vector<S> shifted;
+        std::vector<double> expect;
+        const auto old = posenc::bhsd<const S>(before.data(), 1, Hkv, capacity, D).slice_tokens(n, fresh);
+        for (index_t t = 0; t < fresh; ++t)
+          for (index_t h = 0; h < Hkv; ++h) {
+            std::vector<double> row(static_cast<std::size_t>(D));
+            for (index_t d = 0; d < D; ++d) row[static_cast<std::size_t>(d)] = static_cast<float>(old(0, t, h, d));
+            const auto w = rotate_formula(row, static_cast<double>(delta), inv, il, rot);
+            for (index_t d = 0; d < D; ++d) {
+              shifted.push_back(slots(0, t, h, d));
+              expect.push_back(w[static_cast<std::size_t>(d)]);
+            }
+            for (index_t d = rot; d < D; ++d) CHECK(slots(0, t, h, d) == old(0, t, h, d));  // tail untouched
+          }
+        CHECK(check_rounded(shifted, expect, 2e-5) <= shifted.size() / 100);
+        written = 0;
+        for (const S& e : cache) written += !(e == sentinel);
+        CHECK(written == static_cast<std::size_t>(fresh * Hkv * D));
+      }
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("rope: NaN reaches a half-precision cache; a wrong out shape writes nothing", "[rope][half][errors]",
+                   Eigen::half, Eigen::bfloat16) {
+  using S = TestType;
+  const posenc::rope r(base_config(32));
+  const index_t T = 3, H = 2, D = 32;
+  const auto x = test_util::randn(static_cast<std::size_t>(T * H * D), 22);
+  std::vector<float> xf(x.begin(), x.end());
+  // token 1, head 1, dimension 5
+  xf[static_cast<std::size_t>((1 * H + 1) * D + 5)] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<S> out(xf.size(), S(0.0f));
+  const auto pos = posenc::contiguous_positions(1, T, 9);
+  r.apply(posenc::bshd<const float>(xf.data(), 1, T, H, D), posenc::bshd(out.data(), 1, T, H, D), posenc::view(pos));
+  const auto o = posenc::bshd<const S>(out.data(), 1, T, H, D);
+  // dims 5 and 5 + 16 form the pair (half layout): both NaN; every other value finite
+  for (index_t t = 0; t < T; ++t)
+    for (index_t h = 0; h < H; ++h)
+      for (index_t d = 0; d < D; ++d) {
+        const bool nan_pair = t == 1 && h == 1 && (d == 5 || d == 21);
+        CHECK(std::isnan(static_cast<float>(o(0, t, h, d))) == nan_pair);
+      }
+  r.shift(posenc::bshd(out.data(), 1, T, H, D), 4);
+  CHECK(std::isnan(static_cast<float>(o(0, 1, 1, 5))));
+  CHECK(std::isnan(static_cast<float>(o(0, 1, 1, 21))));
+  // out of another shape: refused before anything is written
+  std::vector<S> small(static_cast<std::size_t>(T * D), S(2.0f));
+  CHECK_THROWS_WITH(r.apply(posenc::bshd<const float>(xf.data(), 1, T, H, D), posenc::bshd(small.data(), 1, T, 1, D),
+                            posenc::view(pos)),
+                    Catch::Contains("out") && Catch::Contains("must have the shape of in"));
+  CHECK(std::all_of(small.begin(), small.end(), [](S v) { return static_cast<float>(v) == 2.0f; }));
+  // a head_dim other than the rope's
+  std::vector<S> k16(static_cast<std::size_t>(T * H * 16), S(2.0f));
+  CHECK_THROWS_WITH(r.shift(posenc::bshd(k16.data(), 1, T, H, 16), 1), Catch::Contains("k: head_dim"));
+  CHECK(std::all_of(k16.begin(), k16.end(), [](S v) { return static_cast<float>(v) == 2.0f; }));
 }
 
 TEST_CASE("rope: errors leave the outputs untouched", "[rope][errors]") {

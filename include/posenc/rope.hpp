@@ -26,6 +26,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "posenc/detail/kv_storage.hpp"
 #include "posenc/detail/prefetch.hpp"
 #include "posenc/detail/rope_kernels.hpp"
 #include "posenc/encoding.hpp"
@@ -35,6 +36,14 @@
 #include "posenc/tensor.hpp"
 
 namespace posenc {
+
+/// Element types an out-of-place apply() may write the rotation of `In` values into: In's own type, or
+/// f16 / bf16 from float. Into half precision the vector is rotated in float and rounded once, as a key
+/// is stored when it is appended to a half-precision KV cache (docs/kv-cache.md).
+template <class Out, class In>
+concept rope_output_for =
+    !std::is_const_v<Out> && (std::is_same_v<Out, std::remove_const_t<In>> ||
+                              (is_half_storage<Out> && std::is_same_v<std::remove_const_t<In>, float>));
 
 /// Which features form a rotated pair.
 enum class rope_layout {
@@ -156,10 +165,13 @@ class rope_frequencies {
   }
 
   /// out = RoPE(in); in and out have the same shape (any layout or strides each) and must not overlap
-  /// unless they are the same view, same buffer and strides (then it is the in-place apply).
-  template <class In, class T>
-    requires(std::is_same_v<std::remove_const_t<In>, T> && !std::is_const_v<T>)
-  void apply(heads_view<In> in, heads_view<T> out, positions_view pos) const {
+  /// unless they are the same view, same buffer and strides (then it is the in-place apply). out may
+  /// be f16 or bf16 with float in: a key rotated in float and stored, rounded once, into a
+  /// half-precision cache.
+  template <class In, class Out>
+    requires rope_output_for<Out, In>
+  void apply(heads_view<In> in, heads_view<Out> out, positions_view pos) const {
+    using T = std::remove_const_t<In>;
     check_pair(heads_view<const T>(in), out);
     check_positions(pos, out, "positions");
     run(heads_view<const T>(in), out, pos, static_cast<const rope_table<T>*>(nullptr));
@@ -176,9 +188,11 @@ class rope_frequencies {
   }
 
   /// Out of place with a table.
-  template <class In, class T>
-    requires(std::is_same_v<std::remove_const_t<In>, T> && !std::is_const_v<T>)
-  void apply(heads_view<In> in, heads_view<T> out, positions_view pos, const rope_table<T>& table) const {
+  template <class In, class Out>
+    requires rope_output_for<Out, In>
+  void apply(heads_view<In> in, heads_view<Out> out, positions_view pos,
+             const rope_table<std::remove_const_t<In>>& table) const {
+    using T = std::remove_const_t<In>;
     check_pair(heads_view<const T>(in), out);
     check_positions(pos, out, "positions");
     check_table(table, pos);
@@ -187,17 +201,29 @@ class rope_frequencies {
 
   /// Context shifting: re-rotate cached (already rotated) keys by `delta` positions, k <- R(delta) k.
   /// Rotations compose, R(delta) R(p) = R(p + delta), so this equals applying RoPE at p + delta (up to
-  /// rounding). The attention factor is not applied again.
-  template <class T>
-    requires(!std::is_const_v<T>)
-  void shift(heads_view<T> k, std::int64_t delta) const {
+  /// rounding). The attention factor is not applied again. k may be a float, double, f16 or bf16
+  /// cache; half-precision keys are widened, rotated in float and rounded back once (the pass-through
+  /// tail is not touched).
+  template <class S>
+    requires(!std::is_const_v<S>)
+  void shift(heads_view<S> k, std::int64_t delta) const {
     check_x(k, "k");
+    using T = std::conditional_t<is_half_storage<S>, float, S>;
     std::vector<T> row(static_cast<std::size_t>(width()));
     fill_row(delta, row.data(), 1.0);
+    [[maybe_unused]] std::vector<float> wide(static_cast<std::size_t>(is_half_storage<S> ? rotary_dim_ : 0));
     const bool il = interleaved();
     for (index_t b = 0; b < k.batch(); ++b)
       for (index_t s = 0; s < k.seq(); ++s)
-        for (index_t h = 0; h < k.heads(); ++h) detail::rotate_row_inplace(k.row(b, s, h), row.data(), rotary_dim_, il);
+        for (index_t h = 0; h < k.heads(); ++h) {
+          if constexpr (is_half_storage<S>) {
+            detail::widen(k.row(b, s, h), wide.data(), rotary_dim_);
+            detail::rotate_row_inplace(wide.data(), row.data(), rotary_dim_, il);
+            detail::narrow(wide.data(), k.row(b, s, h), rotary_dim_);
+          } else {
+            detail::rotate_row_inplace(k.row(b, s, h), row.data(), rotary_dim_, il);
+          }
+        }
   }
 
   /// cos/sin table for positions first .. first+count-1 (computed in double, stored as T).
@@ -328,14 +354,15 @@ class rope_frequencies {
             pos.dimension(0), ", ", pos.dimension(1), "] for batch ", x.batch(), ", seq ", x.seq());
     require(pos.data() != nullptr || pos.size() == 0, name, "data must not be null");
   }
-  template <class T>
-  void check_pair(const heads_view<const T>& in, const heads_view<T>& out) const {
+  template <class T, class Out>
+  void check_pair(const heads_view<const T>& in, const heads_view<Out>& out) const {
     check_x(in, "in");
     check_x(out, "out");
     require(in.batch() == out.batch() && in.seq() == out.seq() && in.heads() == out.heads(), "out",
             "must have the shape of in", "[", out.batch(), ", ", out.seq(), ", ", out.heads(), "] vs [", in.batch(),
             ", ", in.seq(), ", ", in.heads(), "]");
-    const bool same = in.data() == out.data() && in.strides() == out.strides();
+    bool same = false;
+    if constexpr (std::is_same_v<Out, T>) same = in.data() == out.data() && in.strides() == out.strides();
     if (!same && in.size() > 0) {
       const auto* a0 = reinterpret_cast<const char*>(in.data());
       const auto* a1 = reinterpret_cast<const char*>(in.data() + in.extent());
@@ -354,12 +381,16 @@ class rope_frequencies {
               " outside [", t.first(), ", ", t.first() + t.count(), ")");
   }
 
-  /// The apply loop: for each token, one cos/sin row (computed or from the table), then every head.
-  template <class T>
-  void run(heads_view<const T> in, heads_view<T> out, positions_view pos, const rope_table<T>* table) const {
-    const bool inplace = in.data() == out.data() && in.strides() == out.strides();
+  /// The apply loop: for each token, one cos/sin row (computed or from the table), then every head. An
+  /// out in half precision takes each head's rotation in T first (a head_dim row), then rounds it.
+  template <class T, class Out>
+  void run(heads_view<const T> in, heads_view<Out> out, positions_view pos, const rope_table<T>* table) const {
+    constexpr bool narrows = !std::is_same_v<Out, T>;
+    bool inplace = false;
+    if constexpr (!narrows) inplace = in.data() == out.data() && in.strides() == out.strides();
     const bool il = interleaved();
     std::vector<T> scratch(static_cast<std::size_t>(table ? 0 : width()));
+    [[maybe_unused]] std::vector<T> rotated(static_cast<std::size_t>(narrows ? head_dim_ : 0));
     for (index_t b = 0; b < out.batch(); ++b) {
       for (index_t s = 0; s < out.seq(); ++s) {
         const std::int64_t p = pos(b, s);
@@ -371,8 +402,14 @@ class rope_frequencies {
           row = scratch.data();
         }
         for (index_t h = 0; h < out.heads(); ++h) {
-          if (inplace) detail::rotate_row_inplace(out.row(b, s, h), row, rotary_dim_, il);
-          else detail::rotate_row_copy(in.row(b, s, h), out.row(b, s, h), row, rotary_dim_, head_dim_, il);
+          if constexpr (narrows) {
+            detail::rotate_row_copy(in.row(b, s, h), rotated.data(), row, rotary_dim_, head_dim_, il);
+            detail::narrow(rotated.data(), out.row(b, s, h), head_dim_);
+          } else if (inplace) {
+            detail::rotate_row_inplace(out.row(b, s, h), row, rotary_dim_, il);
+          } else {
+            detail::rotate_row_copy(in.row(b, s, h), out.row(b, s, h), row, rotary_dim_, head_dim_, il);
+          }
         }
       }
     }
@@ -444,9 +481,10 @@ class rope {
   void apply(heads_view<T> x, positions_view pos) const {
     at(len_for(pos)).apply(x, pos);
   }
-  template <class In, class T>
-    requires(std::is_same_v<std::remove_const_t<In>, T> && !std::is_const_v<T>)
-  void apply(heads_view<In> in, heads_view<T> out, positions_view pos) const {
+  /// Out of place; out may be f16 / bf16 with float in (rope_frequencies::apply).
+  template <class In, class Out>
+    requires rope_output_for<Out, In>
+  void apply(heads_view<In> in, heads_view<Out> out, positions_view pos) const {
     at(len_for(pos)).apply(in, out, pos);
   }
   /// q and k at the same positions (HF apply_rotary_pos_emb), one sequence length for both.
@@ -467,13 +505,15 @@ class rope {
   void apply(heads_view<T> x, positions_view pos, const rope_table<T>& table) const {
     at(len_for(pos)).apply(x, pos, table);
   }
-  template <class In, class T>
-    requires(std::is_same_v<std::remove_const_t<In>, T> && !std::is_const_v<T>)
-  void apply(heads_view<In> in, heads_view<T> out, positions_view pos, const rope_table<T>& table) const {
+  template <class In, class Out>
+    requires rope_output_for<Out, In>
+  void apply(heads_view<In> in, heads_view<Out> out, positions_view pos,
+             const rope_table<std::remove_const_t<In>>& table) const {
     at(len_for(pos)).apply(in, out, pos, table);
   }
 
-  /// Context shifting by `delta` positions (see rope_frequencies::shift). seq_len: as inv_freq().
+  /// Context shifting by `delta` positions, float or half-precision keys (see rope_frequencies::shift).
+  /// seq_len: as inv_freq().
   template <class T>
     requires(!std::is_const_v<T>)
   void shift(heads_view<T> k, std::int64_t delta, std::optional<std::int64_t> seq_len = std::nullopt) const {

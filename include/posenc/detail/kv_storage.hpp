@@ -66,6 +66,28 @@ void widen(const Eigen::bfloat16* src, T* dst, index_t n) {
   }
 }
 
+/// dst[i] = src[i] rounded to f16, to nearest even as PyTorch's `.to(torch.float16)` (infinities kept,
+/// NaN stays NaN): how a float key or value is stored in a half-precision cache.
+inline void narrow(const float* src, Eigen::half* dst, index_t n) {
+  index_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                        _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+  for (; i < n; ++i) dst[i] = Eigen::half(src[i]);
+}
+
+/// dst[i] = src[i] rounded to bf16, to nearest even as PyTorch's `.to(torch.bfloat16)` (NaN stays NaN).
+inline void narrow(const float* src, Eigen::bfloat16* dst, index_t n) {
+  for (index_t i = 0; i < n; ++i) dst[i] = Eigen::bfloat16(src[i]);
+}
+
 /// dst (rows x cols, row stride dst_stride) = src widened (row stride src_stride).
 template <class KV, class T>
 void widen_rows(const KV* src, index_t src_stride, index_t rows, index_t cols, T* dst, index_t dst_stride) {
