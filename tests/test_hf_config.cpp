@@ -1299,6 +1299,40 @@ TEST_CASE("hf_config: the decoder and encoder stacks of encoder-decoder models; 
   CHECK(trocr.causal);
 }
 
+TEST_CASE("hf_config: Moonshine rotates adjacent pairs of the first 90 % of each stack's head", "[io][hf_config]") {
+  // MoonshineConfig keeps a head count per stack and no num_attention_heads; its apply_rotary_pos_emb
+  // repeat_interleaves the first half of cos / sin and pairs x[2i] with x[2i+1] on the first
+  // int(head_dim * partial_rotary_factor) dims (hf_interleaved_rotate). Moonshine-tiny's sizes:
+  // head_dim 288 / 8 = 36, rotary dims int(32.4) = 32.
+  json tiny = json::parse(R"({"model_type": "moonshine", "hidden_size": 288, "encoder_num_attention_heads": 8,
+    "decoder_num_attention_heads": 8, "encoder_num_hidden_layers": 6, "decoder_num_hidden_layers": 6,
+    "max_position_embeddings": 194, "partial_rotary_factor": 0.9, "rope_theta": 10000.0,
+    "pad_head_dim_to_multiple_of": 8, "is_encoder_decoder": true})");
+  const auto enc = posenc::io::encoding_from_hf(tiny);
+  CHECK(enc.family == "rope");
+  const auto& r = std::get<posenc::rope_config>(enc.config);
+  CHECK(r.head_dim == 36);
+  check_interleaved_rotation(r, 10000.0, 32);
+  CHECK(posenc::io::attention_config_from_hf(tiny).head_dim == 36);  // the padding only pads q, k, v with zeros
+  // Moonshine-base's sizes: 416 / 8 = 52, int(46.8) = 46.
+  json base = tiny;
+  base["hidden_size"] = 416;
+  check_interleaved_rotation(posenc::io::rope_config_from_hf(base), 10000.0, 46);
+  // Each stack's rotary embedding takes that stack's heads (4 encoder heads: 72 dims, int(64.8) = 64).
+  json mixed = tiny;
+  mixed["encoder_num_attention_heads"] = 4;
+  CHECK(posenc::io::rope_config_from_hf(mixed).head_dim == 36);
+  const auto re = posenc::io::rope_config_from_hf(mixed, posenc::io::attention_stack::encoder);
+  CHECK(re.head_dim == 72);
+  check_interleaved_rotation(re, 10000.0, 64);
+  CHECK(posenc::io::attention_config_from_hf(mixed, posenc::io::attention_stack::encoder).head_dim == 72);
+  // A decoder-only model has no encoder to read.
+  const json llama = json::parse(R"({"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32})");
+  CHECK(posenc::io::rope_config_from_hf(llama, posenc::io::attention_stack::decoder).head_dim == 128);
+  CHECK_THROWS_WITH(posenc::io::rope_config_from_hf(llama, posenc::io::attention_stack::encoder),
+                    Catch::Contains("stack: must be decoder for model_type llama"));
+}
+
 TEST_CASE("hf_config: sinusoidal positions of Marian, Pegasus and the fairseq family; more learned tables (Whisper, LED)",
           "[io][hf_config]") {
   using posenc::io::encoding_from_hf;

@@ -69,5 +69,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (e.num_hidden_layers > 0) (void)e.options(0);
   } catch (const posenc::error&) {
   }
+  try {  // and its RoPE (Moonshine: the encoder's own heads)
+    exercise(posenc::io::hf_encoding{"rope", "",
+                                     posenc::io::rope_config_from_hf(cfg, posenc::io::attention_stack::encoder)});
+  } catch (const posenc::error&) {
+  }
   return 0;
 }

@@ -341,7 +341,25 @@ inline constexpr std::string_view supported_rope_types = "default, linear, dynam
   return s;
 }
 
+/// Which stack of a model a reader describes (attention_config_from_hf, rope_config_from_hf,
+/// learned_spec_from_hf).
+enum class attention_stack {
+  /// The causal self-attention a decode loop runs: a decoder-only model's, or an encoder-decoder model's
+  /// decoder (BART, Marian, T5, Whisper, ...). An encoder-only model (BERT) has only its encoder.
+  decoder,
+  /// The bidirectional self-attention of an encoder-decoder model's encoder, or of an encoder-only model.
+  encoder,
+};
+
 namespace detail {
+
+/// A stack's own head count where an encoder-decoder config keeps one per stack (BART's
+/// decoder_attention_heads, Moonshine's decoder_num_attention_heads, and the encoder_ ones), if any.
+[[nodiscard]] inline std::optional<index_t> own_stack_heads(const json& cfg, attention_stack stack) {
+  return stack == attention_stack::decoder
+             ? get<index_t>(cfg, {"decoder_attention_heads", "decoder_num_attention_heads"})
+             : get<index_t>(cfg, {"encoder_attention_heads", "encoder_num_attention_heads"});
+}
 
 /// Whether `cfg` (the text part) is a GraniteMoeHybrid that rotates no layer: it carries rope_theta
 /// either way, and applies RoPE only with position_embedding_type "rope" (GraniteMoeHybridModel.rotary_emb;
@@ -352,8 +370,9 @@ namespace detail {
 }
 
 /// rope_config_from_hf for the layers of `layer_kind` ("full_attention" or "sliding_attention") of `cfg`
-/// (already the text part).
-[[nodiscard]] inline rope_config rope_config_of(const json& cfg, std::string_view layer_kind) {
+/// (already the text part), in `stack` of an encoder-decoder model.
+[[nodiscard]] inline rope_config rope_config_of(const json& cfg, std::string_view layer_kind,
+                                                attention_stack stack = attention_stack::decoder) {
   const json* block = rope_block(cfg, layer_kind);
   const bool keyed_by_layer = block != find_key(cfg, {"rope_parameters", "rope_scaling"});
   const json none;
@@ -412,7 +431,10 @@ namespace detail {
   if (auto h = get<index_t>(cfg, {"qk_rope_head_dim"}); h && deepseek) {
     r.head_dim = *h;  // MLA: only the decoupled rope part of each head (its last qk_rope_head_dim dims) rotates
   } else {
-    r.head_dim = head_dim(cfg, "rope");
+    // Moonshine keeps no num_attention_heads: each stack's rotary embedding is built while the config's
+    // num_attention_heads (attribute_map: encoder_num_attention_heads) holds that stack's own count
+    // (MoonshineEncoder builds it before its layers set it, MoonshineDecoder after its layers did).
+    r.head_dim = head_dim(cfg, "rope", find_key(cfg, heads_keys) ? std::nullopt : own_stack_heads(cfg, stack));
   }
   // Hunyuan's dynamic scaling with an alpha is a fixed NTK base, rope_theta alpha^(d / (d - 2)) with
   // d = head_dim, and no attention factor (HunYuanDenseV1RotaryEmbedding, as the model's own code);
@@ -432,12 +454,15 @@ namespace detail {
   }
   // Interleaved pairs: GPT-J / CodeGen (rotate_every_two); Cohere / Cohere2, GLM / GLM-4, Helium and
   // ERNIE 4.5 (their rotate_half pairs x[2i] with x[2i+1], the frequencies repeat_interleaved: modeling_cohere,
-  // modeling_glm); Llama 4 and DeepSeek-V2 (complex pairs of adjacent dims, view_as_complex) and V3
-  // unless rope_interleave is false (apply_rotary_pos_emb_interleave: q and k de-interleaved alike
-  // before rotate_half, so the scores are those of adjacent pairs). GLM-4.5 (glm4_moe) rotates halves.
-  const bool interleaved = one_of(mt, {"gptj", "codegen", "cohere", "cohere2", "glm", "glm4", "glm4v", "glm4v_text",
-                                       "helium", "ernie4_5", "ernie4_5_moe", "llama4", "llama4_text", "deepseek_v2"}) ||
-                           (mt == "deepseek_v3" && get<bool>(cfg, {"rope_interleave"}).value_or(true));
+  // modeling_glm); Moonshine (the same pairs, the first half of cos / sin repeat_interleaved on the first
+  // int(head_dim * 0.9) dims: modeling_moonshine apply_rotary_pos_emb); Llama 4 and DeepSeek-V2 (complex
+  // pairs of adjacent dims, view_as_complex) and V3 unless rope_interleave is false
+  // (apply_rotary_pos_emb_interleave: q and k de-interleaved alike before rotate_half, so the scores are
+  // those of adjacent pairs). GLM-4.5 (glm4_moe) rotates halves.
+  const bool interleaved =
+      one_of(mt, {"gptj", "codegen", "cohere", "cohere2", "glm", "glm4", "glm4v", "glm4v_text", "helium", "ernie4_5",
+                  "ernie4_5_moe", "llama4", "llama4_text", "deepseek_v2", "moonshine"}) ||
+      (mt == "deepseek_v3" && get<bool>(cfg, {"rope_interleave"}).value_or(true));
   r.layout = interleaved ? rope_layout::interleaved : rope_layout::half;
   r.max_position_embeddings = get<std::int64_t>(cfg, {"max_position_embeddings", "n_positions", "max_seq_len"});
 
@@ -497,15 +522,6 @@ namespace detail {
   t.is_decoder = decoder ? *decoder : get<bool>(cfg, {"is_decoder"}).value_or(false);
   return t;
 }
-
-/// Which stack of a model a reader describes (attention_config_from_hf, learned_spec_from_hf).
-enum class attention_stack {
-  /// The causal self-attention a decode loop runs: a decoder-only model's, or an encoder-decoder model's
-  /// decoder (BART, Marian, T5, Whisper, ...). An encoder-only model (BERT) has only its encoder.
-  decoder,
-  /// The bidirectional self-attention of an encoder-decoder model's encoder, or of an encoder-only model.
-  encoder,
-};
 
 /// What a learned absolute table needs: its rows, its width and the row of position 0.
 struct learned_spec {
@@ -983,6 +999,14 @@ inline bool is_encoder_only(std::string_view mt) {
                      "longformer", "modernbert"});
 }
 
+/// A stack other than the decoder exists only in encoder-decoder and encoder-only models (`mt`: the
+/// model_type to name).
+inline void require_stack(const json& cfg, const std::string& mt, attention_stack stack) {
+  require(stack == attention_stack::decoder || is_encoder_decoder(cfg) || is_encoder_only(mt), "stack",
+          posenc::detail::concat("must be decoder for model_type ", mt.empty() ? "(none)" : mt,
+                                 ": it has no encoder (a decoder-only model)"));
+}
+
 /// Encoders that attend locally, which no posenc call reproduces (attention_options::sliding_window is a
 /// causal window): LED and Longformer (attention_window, with global tokens), PEGASUS-X (global and local
 /// blocks), LongT5 (local or transient-global), ModernBERT (a symmetric local_attention window in all
@@ -1029,9 +1053,7 @@ inline void read_decoder_heads(const json& cfg, model_attention_config& a) {
 /// encoder's head count. head_dim is d_kv / head_dim, else d_model / the stack's heads (BartAttention).
 inline void read_stack_heads(const json& cfg, attention_stack stack, model_attention_config& a) {
   const bool dec = stack == attention_stack::decoder;
-  const std::optional<index_t> own_heads =
-      dec ? get<index_t>(cfg, {"decoder_attention_heads", "decoder_num_attention_heads"})
-          : get<index_t>(cfg, {"encoder_attention_heads", "encoder_num_attention_heads"});
+  const std::optional<index_t> own_heads = own_stack_heads(cfg, stack);
   a.num_attention_heads = own_heads ? *own_heads : need<index_t>(cfg, heads_keys, "attention");
   require(a.num_attention_heads > 0, dec ? "decoder_attention_heads" : "encoder_attention_heads", "must be > 0",
           a.num_attention_heads);
@@ -1070,9 +1092,7 @@ inline void read_stack_heads(const json& cfg, attention_stack stack, model_atten
   detail::refuse_unsupported_attention(cfg);
   detail::refuse_relative_attention(cfg);
   const bool encoder_decoder = detail::is_encoder_decoder(cfg), encoder_only = detail::is_encoder_only(mt);
-  require(stack == attention_stack::decoder || encoder_decoder || encoder_only, "stack",
-          posenc::detail::concat("must be decoder for model_type ", mt.empty() ? "(none)" : mt,
-                                 ": it has no encoder (a decoder-only model)"));
+  detail::require_stack(cfg, mt, stack);
   a.causal = encoder_decoder ? stack == attention_stack::decoder
                              : !encoder_only || get<bool>(cfg, {"is_decoder"}).value_or(false);
   if (!a.causal || encoder_only) detail::refuse_local_encoder(cfg);
@@ -1103,6 +1123,15 @@ inline void read_stack_heads(const json& cfg, attention_stack stack, model_atten
   a.has_sinks = mt == "gpt_oss";
   detail::read_query_scale(cfg, a);
   return a;
+}
+
+/// The RoPE of one stack of an encoder-decoder model that rotates in both (Moonshine: each stack's
+/// head_dim is hidden_size over its own heads); rope_config_from_hf(cfg) is the decoder's.
+[[nodiscard]] inline rope_config rope_config_from_hf(const nlohmann::json& cfg, attention_stack stack) {
+  require(cfg.is_object(), "config", "must be a JSON object");
+  const detail::json& text = detail::text_part(cfg);
+  detail::require_stack(text, detail::model_type(text), stack);
+  return detail::rope_config_of(text, "full_attention", stack);
 }
 
 /// The RoPE of layer `layer`: rope_config_from_hf(cfg) for a full-attention layer; for a sliding one
