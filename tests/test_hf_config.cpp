@@ -1398,6 +1398,40 @@ TEST_CASE("hf_config: sinusoidal positions of Marian, Pegasus and the fairseq fa
     "kosmos_2_text_model", "embed_dim": 2048, "attention_heads": 32, "layers": 24, "pad_token_id": 1}})"));
   CHECK(std::get<sinusoidal_spec>(k2.config).config.d_model == 2048);
   CHECK(std::get<sinusoidal_spec>(k2.config).config.offset == 2);
+  // MusicGen (facebook/musicgen-small): read from the composite config's decoder. get_embedding as fairseq's
+  // in float32 but torch.cat([cos, sin]); position_ids = arange(seq_len) + past length: row = position.
+  const json musicgen = json::parse(R"({"model_type": "musicgen", "is_encoder_decoder": true,
+    "text_encoder": {"model_type": "t5", "d_model": 768, "num_heads": 12, "num_layers": 12},
+    "audio_encoder": {"model_type": "encodec"},
+    "decoder": {"model_type": "musicgen_decoder", "hidden_size": 1024, "num_attention_heads": 16,
+      "num_hidden_layers": 24, "ffn_dim": 4096, "max_position_embeddings": 2048, "num_codebooks": 4,
+      "scale_embedding": false, "pad_token_id": 2048}})");
+  const auto mg = encoding_from_hf(musicgen);
+  CHECK(mg.family == "sinusoidal");
+  CHECK(mg.model_type == "musicgen_decoder");
+  const auto mgs = std::get<sinusoidal_spec>(mg.config);
+  CHECK(mgs.config.layout == posenc::sinusoid_layout::concat_cos_sin);
+  CHECK(mgs.config.offset == 0);
+  CHECK_FALSE(mgs.max_positions.has_value());
+  posenc::sinusoidal(mgs.config).row(100.0, std::span<float>(row));
+  for (int c = 0; c < 1024; ++c) {
+    const int i = c % 512;
+    const float w = std::exp(static_cast<float>(i) * static_cast<float>(-(std::log(10000.0) / 511.0)));
+    const float a = 100.0f * w;
+    CHECK(row[static_cast<std::size_t>(c)] == (c < 512 ? std::cos(a) : std::sin(a)));
+  }
+  CHECK(posenc::io::sinusoidal_spec_from_hf(musicgen).config.d_model == 1024);
+  const auto mga = posenc::io::attention_config_from_hf(musicgen);  // MusicgenAttention: BART's
+  CHECK(mga.num_attention_heads == 16);
+  CHECK(mga.num_key_value_heads == 16);
+  CHECK(mga.head_dim == 64);
+  CHECK(mga.num_hidden_layers == 24);
+  CHECK(mga.causal);
+  json melody = musicgen;  // MusicGen Melody's decoder copies the table
+  melody["model_type"] = "musicgen_melody";
+  melody["decoder"]["model_type"] = "musicgen_melody_decoder";
+  CHECK(std::get<sinusoidal_spec>(encoding_from_hf(melody).config).config.layout ==
+        posenc::sinusoid_layout::concat_cos_sin);
   // XGLM adds its offset 2 to the position ids whatever the pad token; PEGASUS-X has no offset.
   CHECK(std::get<sinusoidal_spec>(
             encoding_from_hf(json{{"model_type", "xglm"}, {"d_model", 1024}, {"pad_token_id", 5}}).config)

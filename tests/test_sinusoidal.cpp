@@ -29,9 +29,9 @@ double closed_form(double p, idx c, idx d, double base, sinusoid_layout layout, 
   if (layout == sinusoid_layout::interleaved) {
     i = c / 2;
     is_sin = c % 2 == 0;
-  } else {
+  } else {  // two halves: sin first (concat) or cos first (concat_cos_sin, MusicGen's torch.cat([cos, sin]))
     i = c < n ? c : c - n;
-    is_sin = c < n;
+    is_sin = (c < n) == (layout == sinusoid_layout::concat);
   }
   double w = 0;
   if (schedule == frequency_schedule::vaswani) {
@@ -84,7 +84,7 @@ TEST_CASE("sinusoidal: closed form for every layout, schedule, odd width and rea
   const std::vector<double> positions = {0.0, 1.0, 2.5, -1.0, -47.0, 1e-3, 12345.0, -0.75, 65535.0};
   for (idx d : {1, 2, 3, 7, 8, 64, 65, 410}) {
     for (double base : {10000.0, 500000.0, 2.0}) {
-      for (auto layout : {sinusoid_layout::interleaved, sinusoid_layout::concat}) {
+      for (auto layout : {sinusoid_layout::interleaved, sinusoid_layout::concat, sinusoid_layout::concat_cos_sin}) {
         for (auto schedule : {frequency_schedule::vaswani, frequency_schedule::t2t}) {
           posenc::sinusoidal pe({.d_model = d, .base = base, .layout = layout, .schedule = schedule});
           const auto t = pe.table<double>(positions);
@@ -130,7 +130,7 @@ TEMPLATE_TEST_CASE("sinusoidal: add_to adds the row of each token's own position
   const std::int64_t p[B][S] = {{0, 1, 2, 3, 4}, {100, 101, 102, 103, 104}, {1, 0, 1, 0, -3}};
   for (idx b = 0; b < B; ++b)
     for (idx s = 0; s < S; ++s) pos(b, s) = p[b][s];
-  for (auto layout : {sinusoid_layout::interleaved, sinusoid_layout::concat}) {
+  for (auto layout : {sinusoid_layout::interleaved, sinusoid_layout::concat, sinusoid_layout::concat_cos_sin}) {
     x = x0;
     posenc::sinusoidal pe({.d_model = D, .layout = layout});
     pe.add_to(posenc::tensor_map<T, 3>(x.data(), B, S, D), posenc::view(pos));
@@ -184,7 +184,7 @@ TEST_CASE("sinusoidal: float add_to over long runs stays within one float roundi
   // still be the exact double row rounded to float (|error| <= 1 ulp of values in [-1, 1]).
   const idx B = 2, S = 300, D = 66;
   for (std::int64_t start : {std::int64_t{0}, std::int64_t{-150}, std::int64_t{123456}, std::int64_t{1} << 20}) {
-    for (auto layout : {sinusoid_layout::interleaved, sinusoid_layout::concat}) {
+    for (auto layout : {sinusoid_layout::interleaved, sinusoid_layout::concat, sinusoid_layout::concat_cos_sin}) {
       posenc::sinusoidal pe({.d_model = D, .layout = layout, .schedule = frequency_schedule::t2t});
       posenc::positions pos = posenc::contiguous_positions(B, S, start);
       pos(1, 77) = 5;  // one token of row 1 elsewhere (e.g. a packed restart)
@@ -273,7 +273,7 @@ TEST_CASE("sinusoidal: the offset moves every path by the same rows; bad offsets
   // Exact angles with an offset: position p gives the closed form at p + offset, for add_to (the float walk
   // included), row and table.
   const idx D = 10;
-  for (auto layout : {sinusoid_layout::interleaved, sinusoid_layout::concat}) {
+  for (auto layout : {sinusoid_layout::interleaved, sinusoid_layout::concat, sinusoid_layout::concat_cos_sin}) {
     const posenc::sinusoidal pe({.d_model = D, .layout = layout, .offset = 5});
     const auto pos = posenc::contiguous_positions(1, 70, 3);
     std::vector<float> x(static_cast<std::size_t>(70 * D), 0.0f);
@@ -288,4 +288,6 @@ TEST_CASE("sinusoidal: the offset moves every path by the same rows; bad offsets
   }
   CHECK_THROWS_WITH(posenc::sinusoidal({.d_model = 8, .offset = -1}),
                     Catch::Contains("offset: must be in [0, 2^31)") && Catch::Contains("-1"));
+  CHECK_THROWS_WITH(posenc::sinusoidal({.d_model = 8, .layout = static_cast<sinusoid_layout>(7)}),
+                    Catch::Contains("layout: must be interleaved, concat or concat_cos_sin"));
 }

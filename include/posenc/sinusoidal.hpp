@@ -4,6 +4,7 @@
 //   PE[p, 2i] = sin(p w_i), PE[p, 2i+1] = cos(p w_i)       (interleaved layout)
 //   PE[p, i]  = sin(p w_i), PE[p, n+i]  = cos(p w_i)       (concat layout: tensor2tensor, fairseq,
 //                                                            Transformer-XL's R)
+//   PE[p, i]  = cos(p w_i), PE[p, n+i]  = sin(p w_i)       (concat_cos_sin layout: MusicGen)
 // with the vaswani (base^(-2i/d)) or tensor2tensor (exp(-i ln(base)/(n-1))) schedule; see
 // detail/sinusoid.hpp for both, for odd d_model and for the float32 angles of fairseq-style tables
 // (sinusoid_angles). Position p takes the row of p + offset (fairseq: padding_idx + 1). Positions are
@@ -147,6 +148,9 @@ class sinusoidal {
  private:
   static const sinusoidal_config& checked(const sinusoidal_config& c) {
     require(c.offset >= 0 && c.offset < (index_t{1} << 31), "offset", "must be in [0, 2^31)", c.offset);
+    require(c.layout == sinusoid_layout::interleaved || c.layout == sinusoid_layout::concat ||
+                c.layout == sinusoid_layout::concat_cos_sin,
+            "layout", "must be interleaved, concat or concat_cos_sin", static_cast<int>(c.layout));
     return c;
   }
   /// The row of `position` (its sinusoid at position + offset) into out[0 .. d_model).

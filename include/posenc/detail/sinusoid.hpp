@@ -7,9 +7,10 @@
 //                                                     inv_freq = 1/base^(arange(0, d, 2)/d))
 //   t2t      w_i = exp(-i ln(base) / max(n-1, 1))    (tensor2tensor get_timing_signal_1d, fairseq's
 //                                                     SinusoidalPositionalEmbedding), n = d_model/2
-// and two layouts of a row:
-//   interleaved  [sin w0, cos w0, sin w1, cos w1, ...]   (Vaswani; HF create_sinusoidal_embeddings)
-//   concat       [sin w0 .. sin w(n-1) | cos w0 .. cos w(n-1)]   (tensor2tensor, Transformer-XL)
+// and three layouts of a row:
+//   interleaved     [sin w0, cos w0, sin w1, cos w1, ...]   (Vaswani; HF create_sinusoidal_embeddings)
+//   concat          [sin w0 .. sin w(n-1) | cos w0 .. cos w(n-1)]   (tensor2tensor, Transformer-XL)
+//   concat_cos_sin  [cos w0 .. cos w(n-1) | sin w0 .. sin w(n-1)]   (MusicGen)
 // With an odd d_model there are n = d_model/2 (rounded down) frequencies and the last channel is
 // zero, as tensor2tensor/fairseq pad it (golden FORMAT.md 5.1).
 //
@@ -31,6 +32,8 @@ namespace posenc {
 enum class sinusoid_layout {
   interleaved,  ///< [sin w0, cos w0, sin w1, cos w1, ...]
   concat,       ///< [sin w0 .. sin w(n-1), cos w0 .. cos w(n-1)]
+  /// [cos w0 .. cos w(n-1), sin w0 .. sin w(n-1)]: MusicGen's get_embedding (torch.cat([cos, sin])).
+  concat_cos_sin,
 };
 
 /// How the n = d_model/2 frequencies are spaced.
@@ -55,6 +58,22 @@ enum class sinusoid_angles {
 };
 
 namespace detail {
+
+/// The channels of frequency i's sin and cos in a row of n frequencies.
+struct sinusoid_channels {
+  index_t sin, cos;
+};
+[[nodiscard]] inline sinusoid_channels channels_of(sinusoid_layout layout, index_t i, index_t n) {
+  switch (layout) {
+    case sinusoid_layout::interleaved:
+      return {2 * i, 2 * i + 1};
+    case sinusoid_layout::concat:
+      return {i, n + i};
+    case sinusoid_layout::concat_cos_sin:
+      return {n + i, i};
+  }
+  return {i, n + i};
+}
 
 /// The n = d_model/2 angular frequencies of a sinusoid row (checked arguments).
 [[nodiscard]] inline std::vector<double> sinusoid_frequencies(index_t d_model, double base, frequency_schedule schedule) {
@@ -86,8 +105,7 @@ void sinusoid_row_in(double position, std::span<const W> w, sinusoid_layout layo
   for (index_t i = 0; i < n; ++i) {
     const W a = p * w[static_cast<std::size_t>(i)];
     const T s = static_cast<T>(std::sin(a)), c = static_cast<T>(std::cos(a));
-    const index_t is = layout == sinusoid_layout::interleaved ? 2 * i : i;
-    const index_t ic = layout == sinusoid_layout::interleaved ? 2 * i + 1 : n + i;
+    const auto [is, ic] = channels_of(layout, i, n);
     if constexpr (Accumulate) {
       out[is] += s;
       out[ic] += c;
@@ -132,15 +150,11 @@ void sinusoid_row(double position, std::span<const float> w, sinusoid_layout lay
 /// Write the row of the angles whose sines and cosines are sn[i], cs[i] (i < n) into out[0 .. d_model).
 template <class T>
 void sinusoid_row_from(const double* sn, const double* cs, index_t n, sinusoid_layout layout, index_t d_model, T* out) {
-  if (layout == sinusoid_layout::interleaved) {
-    for (index_t i = 0; i < n; ++i) {
-      out[2 * i] = static_cast<T>(sn[i]);
-      out[2 * i + 1] = static_cast<T>(cs[i]);
-    }
-  } else {
-    for (index_t i = 0; i < n; ++i) out[i] = static_cast<T>(sn[i]);
-    for (index_t i = 0; i < n; ++i) out[n + i] = static_cast<T>(cs[i]);
-  }
+  // channels_of is affine in i: the first channels and a stride of 2 (interleaved) or 1 (two halves)
+  const auto [s0, c0] = channels_of(layout, 0, n);
+  const index_t step = layout == sinusoid_layout::interleaved ? 2 : 1;
+  for (index_t i = 0; i < n; ++i) out[s0 + step * i] = static_cast<T>(sn[i]);
+  for (index_t i = 0; i < n; ++i) out[c0 + step * i] = static_cast<T>(cs[i]);
   if (2 * n < d_model) out[d_model - 1] = T(0);
 }
 

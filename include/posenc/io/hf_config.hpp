@@ -216,10 +216,14 @@ template <class V>
 }
 
 /// The part of a config the readers look at: a multimodal config's `text_config` (Gemma 3) when the
-/// top level has no head count, else the config itself.
+/// top level has no head count; MusicGen's `decoder` (MusicgenConfig composes a T5 text encoder, an
+/// EnCodec audio encoder and the decoder that generates); else the config itself.
 [[nodiscard]] inline const json& text_part(const json& top) {
+  if (find_key(top, heads_keys) != nullptr) return top;
+  if (one_of(model_type(top), {"musicgen", "musicgen_melody"}))
+    if (const json* d = find_key(top, {"decoder"}); d != nullptr && d->is_object()) return *d;
   const json* text = find_key(top, {"text_config"});
-  return text != nullptr && text->is_object() && find_key(top, heads_keys) == nullptr ? *text : top;
+  return text != nullptr && text->is_object() ? *text : top;
 }
 
 /// DBRX keeps its attention's keys in attn_config (DbrxAttentionConfig: kv_n_heads, default 1;
@@ -602,6 +606,11 @@ inline bool fairseq_sinusoid(std::string_view mt) {
   return one_of(mt, {"m2m_100", "nllb-moe", "speech_to_text", "fsmt", "seamless_m4t", "seamless_m4t_v2",
                      "kosmos_2_text_model", "xglm", "pegasus_x"});
 }
+/// MusicGen's decoder: fairseq's float32 table with cos before sin (MusicgenSinusoidalPositionalEmbedding,
+/// and MusicGen Melody's copy), row = position.
+inline bool musicgen_sinusoid(std::string_view mt) {
+  return one_of(mt, {"musicgen_decoder", "musicgen_melody_decoder"});
+}
 /// TrOCR's decoder learns its positions unless use_learned_position_embeddings is false (TrOCRDecoder),
 /// and then takes fairseq's table.
 inline bool trocr_sinusoidal(const json& c) {
@@ -631,11 +640,15 @@ struct sinusoidal_spec {
 ///   xglm: the same table, row = position + 2 (XGLMSinusoidalPositionalEmbedding adds its offset to the
 ///     position ids whatever the pad token).
 ///   pegasus_x: the same schedule in the activations' dtype (float32 for a float model), row = position.
+///   musicgen, musicgen_melody (read from their `decoder`): the same float32 table with cos before sin
+///     (MusicgenSinusoidalPositionalEmbedding: torch.cat([cos, sin]); sinusoid_layout::concat_cos_sin),
+///     row = position, added to the summed codebook embeddings.
 /// The fairseq family gives pad tokens its zeroed padding row; posenc gives them their position's row, which
 /// only padded (masked) tokens see.
-[[nodiscard]] inline sinusoidal_spec sinusoidal_spec_from_hf(const nlohmann::json& cfg) {
+[[nodiscard]] inline sinusoidal_spec sinusoidal_spec_from_hf(const nlohmann::json& top) {
   using detail::get;
-  require(cfg.is_object(), "config", "must be a JSON object");
+  require(top.is_object(), "config", "must be a JSON object");
+  const detail::json& cfg = detail::text_part(top);
   const std::string mt = detail::model_type(cfg);
   sinusoidal_spec s;
   s.config.d_model = detail::need<index_t>(cfg, detail::hidden_keys, "sinusoidal positions");
@@ -650,11 +663,13 @@ struct sinusoidal_spec {
     require(*s.max_positions > 0, "max_position_embeddings", "must be > 0", *s.max_positions);
     return s;
   }
-  require(detail::fairseq_sinusoid(mt) || mt == "trocr", "model_type", "has no sinusoidal positions posenc reads",
-          mt.empty() ? "(none)" : mt);
+  require(detail::fairseq_sinusoid(mt) || detail::musicgen_sinusoid(mt) || mt == "trocr", "model_type",
+          "has no sinusoidal positions posenc reads", mt.empty() ? "(none)" : mt);
   s.config.schedule = frequency_schedule::t2t;
   s.config.angles = sinusoid_angles::float32;
-  if (mt == "xglm") {
+  if (detail::musicgen_sinusoid(mt)) {
+    s.config.layout = sinusoid_layout::concat_cos_sin;  // position_ids = arange(seq_len) + past length
+  } else if (mt == "xglm") {
     s.config.offset = 2;
   } else if (mt != "pegasus_x") {
     const auto pad = get<index_t>(cfg, {"pad_token_id"}).value_or(1);
@@ -1193,7 +1208,7 @@ inline bool is_rope(const json& c) {
 }
 inline bool is_sinusoidal(const json& c) {
   const std::string mt = model_type(c);
-  return marian_sinusoid(mt) || fairseq_sinusoid(mt) || trocr_sinusoidal(c);
+  return marian_sinusoid(mt) || fairseq_sinusoid(mt) || musicgen_sinusoid(mt) || trocr_sinusoidal(c);
 }
 inline bool is_learned(const json& c) {
   const std::string mt = model_type(c);
