@@ -447,6 +447,30 @@ TEST_CASE("hf_config: attention of Llama-3.1-8B (no window) and Qwen2 (use_slidi
   q["max_window_layers"] = 20;
   const auto c = posenc::io::attention_config_from_hf(q);
   for (posenc::index_t l = 0; l < 28; ++l) CHECK(c.layer_window(l) == (l >= 20 ? 4096 : 0));
+  // Qwen2-MoE / Qwen3-MoE: transformers 4.4x slid the layers from max_window_layers on, later versions the
+  // even layers below it (Qwen2MoeConfig) or every layer (Qwen3MoeAttention): such a config must list them.
+  for (const char* moe : {"qwen2_moe", "qwen3_moe"}) {
+    INFO(moe);
+    json m = q;
+    m["model_type"] = moe;
+    CHECK_THROWS_WITH(
+        posenc::io::attention_config_from_hf(m),
+        Catch::Contains("layer_types: are needed to tell the sliding layers of model_type") && Catch::Contains(moe));
+    m["use_sliding_window"] = false;  // as published: no window
+    CHECK(posenc::io::attention_config_from_hf(m).layer_window(27) == 0);
+    m["use_sliding_window"] = true;
+    std::vector<std::string> types(28, "full_attention");
+    for (int l = 0; l < 20; l += 2) types[static_cast<std::size_t>(l)] = "sliding_attention";
+    m["layer_types"] = types;
+    const auto mt = posenc::io::attention_config_from_hf(m);
+    for (posenc::index_t l = 0; l < 28; ++l) CHECK(mt.layer_window(l) == (l < 20 && l % 2 == 0 ? 4096 : 0));
+  }
+  // Hunyuan's configs take a sliding_window its attention never reads (HunYuanMoEV1Model: a causal mask).
+  json hy = q;
+  hy["model_type"] = "hunyuan_v1_moe";
+  hy.erase("use_sliding_window");
+  CHECK(posenc::io::attention_config_from_hf(hy).sliding_window == 0);
+  CHECK(posenc::io::attention_config_from_hf(hy).layer_window(27) == 0);
 
   // MHA default and errors naming the key.
   const auto m = posenc::io::attention_config_from_hf(json::parse(R"({"num_attention_heads": 12, "hidden_size": 768})"));

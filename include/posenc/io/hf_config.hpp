@@ -869,7 +869,9 @@ inline void read_gpt_neo_windows(const json& cfg, model_attention_config& a) {
 /// The sliding window and its layers (attention_config_from_hf). `use_sliding_window` false turns the
 /// window off (Qwen2 / Qwen3 and SmolLM3 default to false: their sliding_window is unused without it).
 /// Which layers slide: layer_types when present; else Gemma 2 the even layers (Gemma2DecoderLayer);
-/// Qwen2 / Qwen3 (-MoE) the layers from max_window_layers on (default 28, Qwen2Config.layer_types); a
+/// Qwen2 / Qwen3 the layers from max_window_layers on (default 28, Qwen2Config.layer_types; the MoE models
+/// need layer_types, their rule changed between transformers versions); Hunyuan none (its window key is
+/// unused); a
 /// model with a sliding_window_pattern P all but every P-th layer, (i + 1) % P != 0 (Gemma3DecoderLayer,
 /// Cohere2Attention, Olmo3Config; P defaults to 6 for Gemma 3, 4 for Cohere2, OLMo 3 and EXAONE 4.0); GPT-Neo its
 /// local layers (read_gpt_neo_windows); every other model every layer (Mistral).
@@ -887,6 +889,9 @@ inline void read_window_layers(const json& cfg, model_attention_config& a) {
   require(a.sliding_window >= 0, "sliding_window", "must be >= 0 or null", a.sliding_window);
   const bool qwen = one_of(mt, {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"});
   if (!get<bool>(cfg, {"use_sliding_window"}).value_or(!(qwen || mt == "smollm3"))) a.sliding_window = 0;
+  // Hunyuan's configs accept a sliding_window that its attention and masks never read
+  // (HunYuanMoEV1Model builds only a causal mask).
+  if (one_of(mt, {"hunyuan_v1_dense", "hunyuan_v1_moe"})) a.sliding_window = 0;
   if (const json* types = find_key(cfg, {"layer_types"}); types) {
     require(types->is_array(), "layer_types", "must be an array", types->dump());
     take_layer_count(a, types->size(), "layer_types");
@@ -908,6 +913,12 @@ inline void read_window_layers(const json& cfg, model_attention_config& a) {
   if (a.sliding_window == 0) return;
   // SmolLM3Config slides only its NoPE layers when it derives layer_types itself; its configs carry them.
   require(mt != "smollm3", "layer_types", "are needed to tell the sliding layers of model_type smollm3");
+  // Qwen2-MoE and Qwen3-MoE with use_sliding_window: transformers 4.4x slid the layers from max_window_layers
+  // on; later Qwen2MoeConfig slides the even layers below it and Qwen3MoeAttention every layer. The
+  // published configs keep the window off; one that turns it on must say which layers slide.
+  require(!one_of(mt, {"qwen2_moe", "qwen3_moe"}), "layer_types",
+          posenc::detail::concat("are needed to tell the sliding layers of model_type ", mt,
+                                 " with use_sliding_window (transformers' rule changed between versions)"));
   std::optional<index_t> pattern = get<index_t>(cfg, {"sliding_window_pattern"});
   if (!pattern && one_of(mt, {"gemma3", "gemma3_text"})) pattern = 6;
   if (!pattern && one_of(mt, {"cohere2", "olmo3", "exaone4"})) pattern = 4;
