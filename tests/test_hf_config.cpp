@@ -845,6 +845,33 @@ TEST_CASE("hf_config: logit scales set outright (Granite's attention_multiplier,
     "num_hidden_layers": 35, "query_pre_attn_scalar": 256, "sliding_window": 512, "rope_theta": 1000000.0,
     "rope_local_base_freq": 10000.0}})");
   CHECK(*posenc::io::attention_config_from_hf(n).scale() == 1.0);
+  CHECK(posenc::io::attention_config_from_hf(n).kv_layer(34) == 34);  // no num_kv_shared_layers: its own
+
+  // Its last num_kv_shared_layers = 15 layers compute no keys or values: from F = 35 - 15 = 20 on, each reads
+  // the cache of the last layer before 20 of its own type (Gemma3nTextAttention.kv_shared_layer_index).
+  // Every 5th layer is full: 19 serves the full layers 24, 29, 34, 18 the sliding ones.
+  json shared = n;
+  std::vector<std::string> types;
+  for (int l = 0; l < 35; ++l) types.push_back((l + 1) % 5 == 0 ? "full_attention" : "sliding_attention");
+  shared["text_config"]["layer_types"] = types;
+  shared["text_config"]["num_kv_shared_layers"] = 15;
+  const auto sa = posenc::io::attention_config_from_hf(shared);
+  for (posenc::index_t l = 0; l < 35; ++l) {
+    INFO("layer " << l);
+    const bool full = (l + 1) % 5 == 0;
+    CHECK(sa.kv_layer(l) == (l < 20 ? l : full ? 19 : 18));
+    CHECK(sa.layer_window(l) == (full ? 0 : 512));
+  }
+  shared["text_config"]["num_kv_shared_layers"] = 35;
+  CHECK_THROWS_WITH(posenc::io::attention_config_from_hf(shared),
+                    Catch::Contains("num_kv_shared_layers: must be in [0, num_hidden_layers)"));
+  shared["text_config"]["num_kv_shared_layers"] = 31;  // layers 0-3 are all sliding: a full layer has no source
+  CHECK_THROWS_WITH(posenc::io::attention_config_from_hf(shared),
+                    Catch::Contains("leaves layer 4 (full_attention) no earlier layer of its type"));
+  shared["text_config"]["num_kv_shared_layers"] = 15;
+  shared["text_config"].erase("layer_types");
+  CHECK_THROWS_WITH(posenc::io::attention_config_from_hf(shared),
+                    Catch::Contains("layer_types: must list every layer's type"));
 }
 
 TEST_CASE("hf_config: llama3 scaling needs original_max_position_embeddings in its block, as transformers",

@@ -60,6 +60,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     (void)a.scale();
     for (posenc::index_t l = 0; l < std::min<posenc::index_t>(a.num_hidden_layers, 3); ++l) {
       (void)a.options(l);
+      (void)a.kv_layer(l);
       exercise(posenc::io::hf_encoding{"rope", a.model_type, posenc::io::rope_config_from_hf(cfg, l)});
     }
   } catch (const posenc::error&) {

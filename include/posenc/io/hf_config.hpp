@@ -39,6 +39,7 @@
 #include <functional>
 #include <initializer_list>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
@@ -739,6 +740,10 @@ struct model_attention_config {
   /// Whether the attention has per-head sinks (gpt-oss: the `sinks` weight of each layer, [heads],
   /// passed as attention_options::sinks).
   bool has_sinks = false;
+  /// Per layer, the layer whose keys and values it attends to; empty = every layer its own. Gemma 3n's
+  /// and Gemma 4's last num_kv_shared_layers layers compute none: each reads the cache of the last
+  /// earlier layer of its own type (kv_layer).
+  std::vector<index_t> kv_layers{};
 
   /// 1 + query_scale_beta ln(1 + floor(position / query_scale_period)); 1 without a query temperature.
   [[nodiscard]] double query_scale(std::int64_t position) const {
@@ -754,6 +759,13 @@ struct model_attention_config {
     if (sliding_window == 0) return 0;
     if (sliding_layers.empty()) return sliding_window;
     return sliding_layers[static_cast<std::size_t>(layer)] ? sliding_window : 0;
+  }
+  /// The layer whose K/V cache layer `layer` attends to: itself, or for a layer that shares another's
+  /// keys and values (kv_layers) that layer. A host appends keys and values only for layers with
+  /// kv_layer(l) == l, and passes layer kv_layer(l)'s cache as k and v of layer l's call.
+  [[nodiscard]] index_t kv_layer(index_t layer) const {
+    check_layer(layer);
+    return kv_layers.empty() ? layer : kv_layers[static_cast<std::size_t>(layer)];
   }
   /// Whether layer `layer` rotates its queries and keys (rope_config_from_hf(cfg, layer)); a NoPE
   /// layer runs the kernel with posenc::no_position{}.
@@ -930,6 +942,38 @@ inline void read_window_layers(const json& cfg, model_attention_config& a) {
     if (qwen) return i >= first_window_layer;
     return (i + 1) % *pattern != 0;
   });
+}
+
+/// The layers that share another layer's keys and values (attention_config_from_hf, after
+/// read_window_layers): num_kv_shared_layers S > 0 (Gemma 3n, Gemma 4). With F = num_hidden_layers - S > 0,
+/// layer l >= F reads the cache of the last layer j < F whose layer_types entry is l's
+/// (Gemma3nTextAttention.kv_shared_layer_index, and Gemma 4's copy); the published configs list the types.
+inline void read_kv_sharing(const json& cfg, model_attention_config& a) {
+  const index_t shared = get<index_t>(cfg, {"num_kv_shared_layers"}).value_or(0);
+  if (shared == 0) return;
+  const index_t L = a.num_hidden_layers;
+  require(shared > 0 && shared < L, "num_kv_shared_layers", "must be in [0, num_hidden_layers)", shared, " for ", L,
+          " layers");
+  const json* types = find_key(cfg, {"layer_types"});
+  require(types != nullptr && types->is_array() && types->size() == static_cast<std::size_t>(L), "layer_types",
+          "must list every layer's type to tell which layers share keys and values (num_kv_shared_layers)");
+  std::vector<std::string> kinds;
+  for (const json& t : *types) kinds.push_back(as<std::string>(t, "layer_types"));
+  const index_t first = L - shared;
+  std::map<std::string, index_t, std::less<>> last_of_kind;  // before F
+  for (index_t j = 0; j < first; ++j) last_of_kind[kinds[static_cast<std::size_t>(j)]] = j;
+  a.kv_layers.resize(static_cast<std::size_t>(L));
+  for (index_t l = 0; l < L; ++l) {
+    index_t source = l;
+    if (l >= first) {
+      const auto it = last_of_kind.find(kinds[static_cast<std::size_t>(l)]);
+      require(it != last_of_kind.end(), "num_kv_shared_layers",
+              posenc::detail::concat("leaves layer ", l, " (", kinds[static_cast<std::size_t>(l)],
+                                     ") no earlier layer of its type to share keys and values with"));
+      source = it->second;
+    }
+    a.kv_layers[static_cast<std::size_t>(l)] = source;
+  }
 }
 
 /// The layers that rotate (attention_config_from_hf, after read_window_layers). no_rope_layers (SmolLM3,
@@ -1136,6 +1180,7 @@ inline void read_stack_heads(const json& cfg, attention_stack stack, model_atten
           a.num_hidden_layers);
 
   if (a.causal) detail::read_window_layers(cfg, a);
+  detail::read_kv_sharing(cfg, a);
   detail::read_rope_layers(cfg, a);
 
   a.attn_logit_softcapping = get<double>(cfg, {"attn_logit_softcapping"}).value_or(0.0);
