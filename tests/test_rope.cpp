@@ -492,6 +492,58 @@ TEST_CASE("rope: partial rotary in both layouts passes the tail through", "[rope
   }
 }
 
+TEST_CASE("rope: proportional keeps the first p d / 2 frequencies of the whole head, the rest pass through",
+          "[rope][proportional]") {
+  // HF _compute_proportional_rope_parameters (Gemma 4's full layers: d = 512, p = 0.25, theta 1e6):
+  // R = int(p * d // 2) pairs rotate with base^(-2i/d) / factor (the exponent over the whole head), the
+  // other d/2 - R frequencies are 0; rotate_half pairs dim j with j + d/2 over the whole head.
+  for (double factor : {1.0, 4.0}) {
+    posenc::rope_config c = base_config(512, 1e6);
+    c.partial_rotary_factor = 0.25;
+    c.scaling = {.rope_type = posenc::rope_type::proportional};
+    if (factor != 1.0) c.scaling.factor = factor;
+    const posenc::rope r(c);
+    CHECK(r.rotary_dim() == 512);
+    const auto inv = r.inv_freq();
+    REQUIRE(inv.size() == 256);
+    for (index_t i = 0; i < 256; ++i) {
+      const double want = i < 64 ? std::pow(1e6, -2.0 * static_cast<double>(i) / 512.0) / factor : 0.0;
+      CHECK(inv[static_cast<std::size_t>(i)] == Approx(want).epsilon(1e-14).margin(0.0));
+    }
+    const auto x = test_util::randn(512, 31);
+    for (std::int64_t p : {0, 7, 99999}) {
+      INFO("position " << p << " factor " << factor);
+      std::vector<double> y = x;
+      r.apply(posenc::bshd(y.data(), 1, 1, 1, 512), posenc::positions_view(&p, 1, 1));
+      const auto want = rotate_formula(x, static_cast<double>(p), inv, false, 512);
+      CHECK(max_abs_diff(y, want) <= 1e-15 * static_cast<double>(p + 1) + 1e-15);
+      for (index_t j = 64; j < 256; ++j) {  // frequency 0: cos 1, sin 0, both dims of the pair unchanged
+        CHECK(y[static_cast<std::size_t>(j)] == x[static_cast<std::size_t>(j)]);
+        CHECK(y[static_cast<std::size_t>(j + 256)] == x[static_cast<std::size_t>(j + 256)]);
+      }
+    }
+  }
+  // hf_float32: the same steps in float32 (arange(0, 2R, 2) / d, base ** that, reciprocal).
+  posenc::rope_config c = base_config(512, 1e6);
+  c.partial_rotary_factor = 0.25;
+  c.scaling = {.rope_type = posenc::rope_type::proportional};
+  const auto f32 = posenc::rope(c).at(0).inv_freq_hf_float32();
+  for (index_t i = 0; i < 256; ++i)
+    CHECK(f32[static_cast<std::size_t>(i)] ==
+          (i < 64 ? 1.0f / std::pow(1e6f, static_cast<float>(2 * i) / 512.0f) : 0.0f));
+  // R = int(0.3 * 10 // 2) = 1 of 5 pairs; an explicit rotary_dim other than head_dim is refused.
+  posenc::rope_config small = base_config(10);
+  small.partial_rotary_factor = 0.3;
+  small.scaling = {.rope_type = posenc::rope_type::proportional};
+  const auto si = posenc::rope(small).inv_freq();
+  CHECK(si[0] == 1.0);
+  for (std::size_t i = 1; i < 5; ++i) CHECK(si[i] == 0.0);
+  small.rotary_dim = 4;
+  CHECK_THROWS_WITH(posenc::rope(small),
+                    Catch::Contains("rotary_dim: must be unset or head_dim for rope_type proportional"));
+  CHECK(posenc::rope_type_from_string("proportional") == posenc::rope_type::proportional);
+}
+
 TEST_CASE("rope: invalid configurations throw posenc::error", "[rope][errors]") {
   auto bad = [](posenc::rope_config c) { CHECK_THROWS_AS(posenc::rope(c), posenc::error); };
   {

@@ -65,7 +65,9 @@ enum class rope_angles {
 struct rope_config {
   index_t head_dim = 0;
   double rope_theta = 10000.0;
-  /// rotary_dim = int(head_dim * partial_rotary_factor) (truncation) unless rotary_dim is set.
+  /// rotary_dim = int(head_dim * partial_rotary_factor) (truncation) unless rotary_dim is set. With
+  /// rope_type proportional the whole head rotates and this is the fraction of its frequencies kept
+  /// (the others are 0: those dims pass through).
   double partial_rotary_factor = 1.0;
   std::optional<index_t> rotary_dim{};
   rope_layout layout = rope_layout::half;
@@ -575,7 +577,14 @@ class rope {
   static detail::rope_freq_params resolve_params(const rope_config& c) {
     require(c.head_dim > 0, "head_dim", "must be > 0", c.head_dim);
     index_t rot = 0;
-    if (c.rotary_dim) {
+    const bool proportional = c.scaling.rope_type == rope_type::proportional;
+    if (proportional) {
+      // The frequencies span the whole head; partial_rotary_factor is the fraction of them kept
+      // (HF _compute_proportional_rope_parameters: "always an encoding the size of head_dim").
+      require(!c.rotary_dim || *c.rotary_dim == c.head_dim, "rotary_dim",
+              "must be unset or head_dim for rope_type proportional", c.rotary_dim.value_or(0));
+      rot = c.head_dim;
+    } else if (c.rotary_dim) {
       rot = *c.rotary_dim;
     } else {
       require(std::isfinite(c.partial_rotary_factor) && c.partial_rotary_factor > 0 && c.partial_rotary_factor <= 1,
@@ -589,6 +598,7 @@ class rope {
     detail::rope_freq_params p;
     p.rotary_dim = rot;
     p.base = c.rope_theta;
+    if (proportional) p.proportion = c.partial_rotary_factor;
     p.max_position_embeddings = c.max_position_embeddings;
     p.scaling = c.scaling;
     return p;

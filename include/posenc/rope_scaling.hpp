@@ -14,6 +14,10 @@
 //             attention factor sqrt(1 + ln f / ln original)   (Ding et al. 2024, LongRoPE; Phi-3)
 //   llama3    theta_i / factor for long wavelengths, theta_i for short ones, smooth in between
 //                                                      (Meta Llama 3.1 reference code, apply_scaling)
+//   proportional  theta_i / factor for the first R = floor(p d / 2) pairs, 0 for the rest (those dims
+//             pass through), over the whole head (d = head_dim), p = partial_rotary_factor
+//                                                      (Gemma 4's full-attention layers,
+//                                                      HF _compute_proportional_rope_parameters)
 // Everything here is stateless: the sequence length L of dynamic / longrope is an argument.
 #pragma once
 
@@ -31,7 +35,7 @@
 namespace posenc {
 
 /// HF `rope_type` (legacy key `type`). `default_` is HF's "default" (a C++ keyword).
-enum class rope_type { default_, linear, dynamic, yarn, longrope, llama3 };
+enum class rope_type { default_, linear, dynamic, yarn, longrope, llama3, proportional };
 
 /// HF's string ("default", "linear", "dynamic", "yarn", "longrope", "llama3"; "su" is longrope's old name).
 [[nodiscard]] inline rope_type rope_type_from_string(std::string_view name) {
@@ -41,8 +45,10 @@ enum class rope_type { default_, linear, dynamic, yarn, longrope, llama3 };
   if (name == "yarn") return rope_type::yarn;
   if (name == "longrope" || name == "su") return rope_type::longrope;
   if (name == "llama3") return rope_type::llama3;
-  throw error(detail::concat("posenc: rope_type: must be one of default, linear, dynamic, yarn, longrope, llama3 (got ",
-                             name, ")"));
+  if (name == "proportional") return rope_type::proportional;
+  throw error(detail::concat(
+      "posenc: rope_type: must be one of default, linear, dynamic, yarn, longrope, llama3, proportional (got ", name,
+      ")"));
 }
 
 [[nodiscard]] inline std::string_view to_string(rope_type t) {
@@ -53,6 +59,7 @@ enum class rope_type { default_, linear, dynamic, yarn, longrope, llama3 };
     case rope_type::yarn: return "yarn";
     case rope_type::longrope: return "longrope";
     case rope_type::llama3: return "llama3";
+    case rope_type::proportional: return "proportional";
   }
   return "?";
 }
@@ -84,6 +91,8 @@ namespace detail {
 struct rope_freq_params {
   index_t rotary_dim = 0;  ///< d (even, > 0)
   double base = 10000.0;
+  /// proportional: the fraction p of the head's pairs that rotate (rope_config::partial_rotary_factor).
+  double proportion = 1.0;
   std::optional<std::int64_t> max_position_embeddings{};
   rope_scaling scaling{};
 
@@ -124,6 +133,10 @@ inline void validate(const rope_freq_params& p) {
   switch (t) {
     case rope_type::default_:
     case rope_type::linear: break;
+    case rope_type::proportional:
+      require(std::isfinite(p.proportion) && p.proportion > 0 && p.proportion <= 1, "partial_rotary_factor",
+              "must be in (0, 1]", p.proportion);
+      break;
     case rope_type::dynamic:
       require(p.max_position_embeddings.has_value(), "max_position_embeddings", "is required by rope_type dynamic");
       // base' has the exponent d/(d-2).
@@ -227,6 +240,11 @@ struct yarn_range {
   return false;
 }
 
+/// proportional: the pairs that rotate, int(p * d // 2) as Python computes it (a float floor-divided).
+[[nodiscard]] inline index_t proportional_pairs(const rope_freq_params& p) {
+  return std::min(p.pairs(), static_cast<index_t>(std::floor(p.proportion * static_cast<double>(p.rotary_dim) / 2.0)));
+}
+
 /// inv_freq in float64 for the current sequence length (ignored by types that do not use it).
 [[nodiscard]] inline std::vector<double> inv_freq(const rope_freq_params& p, std::int64_t seq_len) {
   const index_t n = p.pairs();
@@ -240,6 +258,9 @@ struct yarn_range {
       break;
     case rope_type::linear:
       for (index_t i = 0; i < n; ++i) f[i] = theta(p.base, i) / *s.factor;
+      break;
+    case rope_type::proportional:  // the tail stays 0: cos 1, sin 0
+      for (index_t i = 0; i < proportional_pairs(p); ++i) f[i] = theta(p.base, i) / s.factor.value_or(1.0);
       break;
     case rope_type::dynamic: {
       double base = p.base;
@@ -315,6 +336,11 @@ struct yarn_range {
     case rope_type::linear: {
       const float factor = static_cast<float>(*s.factor);
       for (index_t i = 0; i < n; ++i) f[i] = (1.0f / pos_freq(p.base, i)) / factor;
+      break;
+    }
+    case rope_type::proportional: {  // inv_freq /= factor on the float32 tensor, zeros for the rest
+      const float factor = static_cast<float>(s.factor.value_or(1.0));
+      for (index_t i = 0; i < proportional_pairs(p); ++i) f[i] = (1.0f / pos_freq(p.base, i)) / factor;
       break;
     }
     case rope_type::dynamic: {
