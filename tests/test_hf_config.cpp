@@ -874,6 +874,94 @@ TEST_CASE("hf_config: logit scales set outright (Granite's attention_multiplier,
                     Catch::Contains("layer_types: must list every layer's type"));
 }
 
+TEST_CASE("hf_config: Gemma 4's two head shapes, p-RoPE on its full layers, shared and key-derived values",
+          "[io][hf_config]") {
+  // google/gemma-4-e2b-it's text part (convert_gemma4_weights' variant table and Gemma4TextConfig's defaults):
+  // 35 layers, every 5th full; sliding layers 1 kv head of 256, full layers 1 of global_head_dim 512;
+  // the last 20 layers share the keys and values of layers 13 (sliding) and 14 (full); logits unscaled
+  // (q and k are RMS-normed: Gemma4TextAttention.scaling = 1).
+  std::vector<std::string> types;
+  for (int l = 0; l < 35; ++l) types.push_back((l + 1) % 5 == 0 ? "full_attention" : "sliding_attention");
+  json e2b = json::parse(R"({"model_type": "gemma4", "text_config": {"model_type": "gemma4_text",
+    "hidden_size": 1536, "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256,
+    "global_head_dim": 512, "num_hidden_layers": 35, "num_kv_shared_layers": 20, "sliding_window": 512,
+    "attention_k_eq_v": false, "max_position_embeddings": 131072, "final_logit_softcapping": 30.0,
+    "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+      "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0}}}})");
+  e2b["text_config"]["layer_types"] = types;
+  const auto a = posenc::io::attention_config_from_hf(e2b);
+  CHECK(a.model_type == "gemma4_text");
+  CHECK(*a.scale() == 1.0);
+  for (posenc::index_t l = 0; l < 35; ++l) {
+    INFO("layer " << l);
+    const bool full = (l + 1) % 5 == 0;
+    CHECK(a.layer_head_dim(l) == (full ? 512 : 256));
+    CHECK(a.layer_kv_heads(l) == 1);
+    CHECK_FALSE(a.layer_values_from_keys(l));
+    CHECK(a.layer_window(l) == (full ? 0 : 512));
+    CHECK(a.kv_layer(l) == (l < 15 ? l : full ? 14 : 13));
+    CHECK(a.options(l).scale == 1.0);
+    CHECK(posenc::io::rope_config_from_hf(e2b, l).head_dim == (full ? 512 : 256));
+  }
+  // The full layers' p-RoPE: the 64 highest of 1e6^(-2i/512) over the whole 512-wide head, halves paired.
+  const posenc::rope_config rf = posenc::io::rope_config_from_hf(e2b);
+  CHECK(rf.scaling.rope_type == posenc::rope_type::proportional);
+  const auto inv = posenc::rope(rf).inv_freq();
+  REQUIRE(inv.size() == 256);
+  for (std::size_t i = 0; i < 256; ++i)
+    CHECK(inv[i] == Approx(i < 64 ? std::pow(1e6, -2.0 * static_cast<double>(i) / 512.0) : 0.0).epsilon(1e-14));
+  CHECK(posenc::rope(rf).rotary_dim() == 512);
+  // The sliding layers: plain RoPE, theta 1e4 over all 256 dims.
+  const posenc::rope_config rs = posenc::io::rope_config_from_hf(e2b, 0);
+  CHECK(rs.scaling.rope_type == posenc::rope_type::default_);
+  check_close(posenc::rope(rs).inv_freq(), plain_inv_freq(10000.0, 256), 1e-14);
+  CHECK(posenc::io::encoding_from_hf(e2b).family == "rope");
+
+  // gemma-4-31B's text part: full layers 4 kv heads of 512 whose values are the keys' projection
+  // (attention_k_eq_v), sliding layers 16 of 256, window 1024, [s x 5, F] x 10, no sharing.
+  json b31 = e2b;
+  auto& t = b31["text_config"];
+  t["hidden_size"] = 5376;
+  t["num_attention_heads"] = 32;
+  t["num_key_value_heads"] = 16;
+  t["num_global_key_value_heads"] = 4;
+  t["attention_k_eq_v"] = true;
+  t["num_hidden_layers"] = 60;
+  t["num_kv_shared_layers"] = 0;
+  t["sliding_window"] = 1024;
+  t["use_bidirectional_attention"] = "vision";  // image tokens see their own image; text stays causal
+  t.erase("layer_types");                       // Gemma4TextConfig's default: every 6th layer full
+  const auto c = posenc::io::attention_config_from_hf(b31);
+  for (posenc::index_t l = 0; l < 60; ++l) {
+    INFO("layer " << l);
+    const bool full = (l + 1) % 6 == 0;
+    CHECK(c.layer_head_dim(l) == (full ? 512 : 256));
+    CHECK(c.layer_kv_heads(l) == (full ? 4 : 16));
+    CHECK(c.layer_values_from_keys(l) == full);
+    CHECK(c.layer_window(l) == (full ? 0 : 1024));
+    CHECK(c.kv_layer(l) == l);
+  }
+  CHECK(c.causal);
+  // Without rope_parameters: the class's (p-RoPE 0.25 at 1e6 on full layers, 1e4 on sliding ones).
+  t.erase("rope_parameters");
+  CHECK(posenc::io::rope_config_from_hf(b31).scaling.rope_type == posenc::rope_type::proportional);
+  CHECK(posenc::io::rope_config_from_hf(b31).partial_rotary_factor == 0.25);
+  CHECK(posenc::io::rope_config_from_hf(b31).rope_theta == 1e6);
+  CHECK(posenc::io::rope_config_from_hf(b31, 0).rope_theta == 1e4);
+  // A last layer listed as sliding is full (Gemma4TextConfig.__post_init__ forces it).
+  json last = e2b;
+  last["text_config"]["layer_types"][34] = "sliding_attention";
+  CHECK(posenc::io::attention_config_from_hf(last).layer_window(34) == 0);
+  CHECK(posenc::io::attention_config_from_hf(last).layer_head_dim(34) == 512);
+  // Bidirectional text attention (a symmetric window) is refused; kv heads must divide the heads.
+  t["use_bidirectional_attention"] = "all";
+  CHECK_THROWS_WITH(posenc::io::attention_config_from_hf(b31), Catch::Contains("use_bidirectional_attention: all"));
+  t["use_bidirectional_attention"] = nullptr;
+  t["num_global_key_value_heads"] = 5;
+  CHECK_THROWS_WITH(posenc::io::attention_config_from_hf(b31),
+                    Catch::Contains("num_global_key_value_heads: must be > 0 and divide num_attention_heads"));
+}
+
 TEST_CASE("hf_config: llama3 scaling needs original_max_position_embeddings in its block, as transformers",
           "[io][hf_config]") {
   json cfg = config("llama-3.1-8b");

@@ -61,6 +61,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     for (posenc::index_t l = 0; l < std::min<posenc::index_t>(a.num_hidden_layers, 3); ++l) {
       (void)a.options(l);
       (void)a.kv_layer(l);
+      (void)a.layer_head_dim(l);
+      (void)a.layer_kv_heads(l);
+      (void)a.layer_values_from_keys(l);
       exercise(posenc::io::hf_encoding{"rope", a.model_type, posenc::io::rope_config_from_hf(cfg, l)});
     }
   } catch (const posenc::error&) {

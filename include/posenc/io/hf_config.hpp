@@ -177,6 +177,7 @@ struct class_defaults {
       {.model_type = "gptj", .rotary_dim = 64},
       {.model_type = "codegen", .rotary_dim = 64},
       {.model_type = "gemma", .head_dim = 256},
+      {.model_type = "gemma4_text", .kv_heads = 4, .head_dim = 256, .sliding_window = 512},
       {.model_type = "olmo3", .sliding_window = 4096, .rope_theta = 500000.0},
       {.model_type = "exaone4", .sliding_window = 4096},
       {.model_type = "seed_oss", .kv_heads = 8, .head_dim = 128},
@@ -289,7 +290,12 @@ inline void refuse_relative_attention(const json& cfg) {
 /// block keyed by layer type (v5's Gemma 3: {"full_attention": {...}, "sliding_attention": {...}})
 /// gives the entry of `layer_kind`.
 [[nodiscard]] inline const json* rope_block(const json& cfg, std::string_view layer_kind) {
+  // Gemma4TextConfig's rope_parameters when the config has none: p-RoPE on the full layers
+  static const json gemma4_default =
+      json::parse(R"({"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0}})");
   const json* b = find_key(cfg, {"rope_parameters", "rope_scaling"});
+  if (!b && model_type(cfg) == "gemma4_text") b = &gemma4_default;
   if (!b) return nullptr;
   require(b->is_object(), "rope_scaling", "must be an object or null", b->dump());
   if (!b->contains("full_attention") && !b->contains("sliding_attention")) return b;
@@ -302,7 +308,8 @@ inline void refuse_relative_attention(const json& cfg) {
 }  // namespace detail
 
 /// The rope types this reader accepts (HF names; "su" is longrope's old name).
-inline constexpr std::string_view supported_rope_types = "default, linear, dynamic, yarn, longrope (su), llama3";
+inline constexpr std::string_view supported_rope_types =
+    "default, linear, dynamic, yarn, longrope (su), llama3, proportional";
 
 /// A `rope_scaling` / `rope_parameters` object -> rope_scaling. The type is `rope_type`, else the
 /// legacy `type`, else "default". An unknown type is an error listing the supported ones.
@@ -324,6 +331,8 @@ inline constexpr std::string_view supported_rope_types = "default, linear, dynam
     s.rope_type = rope_type::longrope;
   else if (type == "llama3")
     s.rope_type = rope_type::llama3;
+  else if (type == "proportional")
+    s.rope_type = rope_type::proportional;
   else
     throw error(posenc::detail::concat("posenc: rope_scaling.rope_type: unsupported type '", type,
                                        "' (supported: ", supported_rope_types, ")"));
@@ -435,6 +444,8 @@ namespace detail {
   const bool deepseek = one_of(mt, {"deepseek_v2", "deepseek_v3"});
   if (auto h = get<index_t>(cfg, {"qk_rope_head_dim"}); h && deepseek) {
     r.head_dim = *h;  // MLA: only the decoupled rope part of each head (its last qk_rope_head_dim dims) rotates
+  } else if (mt == "gemma4_text" && layer_kind == "full_attention") {
+    r.head_dim = get<index_t>(cfg, {"global_head_dim"}).value_or(512);  // Gemma4TextAttention's full layers
   } else {
     // Moonshine keeps no num_attention_heads: each stack's rotary embedding is built while the config's
     // num_attention_heads (attribute_map: encoder_num_attention_heads) holds that stack's own count
@@ -740,6 +751,16 @@ struct model_attention_config {
   /// Whether the attention has per-head sinks (gpt-oss: the `sinks` weight of each layer, [heads],
   /// passed as attention_options::sinks).
   bool has_sinks = false;
+  /// Per layer, head_dim of q, k and v where layers differ (Gemma 4's full-attention layers: global_head_dim);
+  /// empty = head_dim in every layer (layer_head_dim).
+  std::vector<index_t> head_dims{};
+  /// Per layer, the kv heads where layers differ (Gemma 4's full-attention layers with attention_k_eq_v:
+  /// num_global_key_value_heads); empty = num_key_value_heads in every layer (layer_kv_heads).
+  std::vector<index_t> kv_heads{};
+  /// Per layer, whether its values are its keys' projection (Gemma 4's attention_k_eq_v, full-attention
+  /// layers: V = v_norm(k_proj(x)), taken before k_norm and RoPE; the checkpoint has no v_proj there);
+  /// empty = none. The call still takes k and v as two tensors.
+  std::vector<bool> values_from_keys{};
   /// Per layer, the layer whose keys and values it attends to; empty = every layer its own. Gemma 3n's
   /// and Gemma 4's last num_kv_shared_layers layers compute none: each reads the cache of the last
   /// earlier layer of its own type (kv_layer).
@@ -759,6 +780,21 @@ struct model_attention_config {
     if (sliding_window == 0) return 0;
     if (sliding_layers.empty()) return sliding_window;
     return sliding_layers[static_cast<std::size_t>(layer)] ? sliding_window : 0;
+  }
+  /// head_dim of layer `layer`'s q, k and v (a host sizes that layer's cache by it).
+  [[nodiscard]] index_t layer_head_dim(index_t layer) const {
+    check_layer(layer);
+    return head_dims.empty() ? head_dim : head_dims[static_cast<std::size_t>(layer)];
+  }
+  /// The kv heads of layer `layer`.
+  [[nodiscard]] index_t layer_kv_heads(index_t layer) const {
+    check_layer(layer);
+    return kv_heads.empty() ? num_key_value_heads : kv_heads[static_cast<std::size_t>(layer)];
+  }
+  /// Whether layer `layer`'s values are its keys' projection (values_from_keys).
+  [[nodiscard]] bool layer_values_from_keys(index_t layer) const {
+    check_layer(layer);
+    return !values_from_keys.empty() && values_from_keys[static_cast<std::size_t>(layer)];
   }
   /// The layer whose K/V cache layer `layer` attends to: itself, or for a layer that shares another's
   /// keys and values (kv_layers) that layer. A host appends keys and values only for layers with
@@ -830,12 +866,12 @@ inline void read_mla_heads(const json& cfg, model_attention_config& a) {
 }
 
 /// rule(i) for each layer of `a`, whose num_hidden_layers must then be known (`which`: the layers the
-/// list tells, for the error).
-template <class Rule>
-[[nodiscard]] std::vector<bool> per_layer(const model_attention_config& a, std::string_view which, Rule rule) {
+/// list tells, for the error), as a list of T (whether each layer is one of them, by default).
+template <class T = bool, class Rule>
+[[nodiscard]] std::vector<T> per_layer(const model_attention_config& a, std::string_view which, Rule rule) {
   require(a.num_hidden_layers > 0, "num_hidden_layers",
           posenc::detail::concat("is needed to tell the ", which, " layers of model_type ", a.model_type));
-  std::vector<bool> v(static_cast<std::size_t>(a.num_hidden_layers));
+  std::vector<T> v(static_cast<std::size_t>(a.num_hidden_layers));
   for (index_t i = 0; i < a.num_hidden_layers; ++i) v[static_cast<std::size_t>(i)] = rule(i);
   return v;
 }
@@ -920,6 +956,8 @@ inline void read_window_layers(const json& cfg, model_attention_config& a) {
               kind);
       a.sliding_layers.push_back(kind == "sliding_attention");
     }
+    // Gemma4TextConfig.__post_init__ forces the last layer to full_attention (with a warning)
+    if (mt == "gemma4_text" && !a.sliding_layers.empty()) a.sliding_layers.back() = false;
     return;
   }
   if (a.sliding_window == 0) return;
@@ -932,7 +970,7 @@ inline void read_window_layers(const json& cfg, model_attention_config& a) {
           posenc::detail::concat("are needed to tell the sliding layers of model_type ", mt,
                                  " with use_sliding_window (transformers' rule changed between versions)"));
   std::optional<index_t> pattern = get<index_t>(cfg, {"sliding_window_pattern"});
-  if (!pattern && one_of(mt, {"gemma3", "gemma3_text"})) pattern = 6;
+  if (!pattern && one_of(mt, {"gemma3", "gemma3_text", "gemma4_text"})) pattern = 6;
   if (!pattern && one_of(mt, {"cohere2", "olmo3", "exaone4"})) pattern = 4;
   if (mt != "gemma2" && !qwen && !pattern) return;  // every layer
   if (pattern) require(*pattern > 0, "sliding_window_pattern", "must be > 0", *pattern);
@@ -942,6 +980,35 @@ inline void read_window_layers(const json& cfg, model_attention_config& a) {
     if (qwen) return i >= first_window_layer;
     return (i + 1) % *pattern != 0;
   });
+  if (mt == "gemma4_text") a.sliding_layers.back() = false;  // Gemma4TextConfig: the last layer is full
+}
+
+/// Gemma 4's two head shapes (attention_config_from_hf, after read_window_layers; Gemma4TextAttention): a
+/// full-attention layer has global_head_dim (default 512) wide heads, and with attention_k_eq_v
+/// num_global_key_value_heads kv heads (default num_key_value_heads) whose values are the keys' projection.
+/// The sliding layers keep head_dim and num_key_value_heads. A bidirectional text stack
+/// (use_bidirectional_attention "all": a symmetric window of sliding_window / 2 + 1) is refused; "vision"
+/// makes only an image's own tokens see each other, text stays causal.
+inline void read_gemma4_geometry(const json& cfg, model_attention_config& a) {
+  if (a.model_type != "gemma4_text") return;
+  const auto bidirectional = get<std::string>(cfg, {"use_bidirectional_attention"});
+  require(bidirectional.value_or("") != "all", "use_bidirectional_attention",
+          "all (Gemma 4's bidirectional text attention) is not supported: posenc's window is causal", "all");
+  const index_t global_head_dim = get<index_t>(cfg, {"global_head_dim"}).value_or(512);
+  require(global_head_dim > 0, "global_head_dim", "must be > 0", global_head_dim);
+  const bool k_eq_v = get<bool>(cfg, {"attention_k_eq_v"}).value_or(false);
+  const index_t global_kv = k_eq_v ? get<index_t>(cfg, {"num_global_key_value_heads"}).value_or(a.num_key_value_heads)
+                                   : a.num_key_value_heads;
+  require(global_kv > 0 && a.num_attention_heads % global_kv == 0, "num_global_key_value_heads",
+          "must be > 0 and divide num_attention_heads", global_kv, " for ", a.num_attention_heads);
+  const auto full = [&](index_t l) {
+    return a.sliding_layers.empty() || !a.sliding_layers[static_cast<std::size_t>(l)];
+  };
+  a.head_dims =
+      per_layer<index_t>(a, "full-attention", [&](index_t l) { return full(l) ? global_head_dim : a.head_dim; });
+  a.kv_heads =
+      per_layer<index_t>(a, "full-attention", [&](index_t l) { return full(l) ? global_kv : a.num_key_value_heads; });
+  if (k_eq_v) a.values_from_keys = per_layer(a, "full-attention", full);
 }
 
 /// The layers that share another layer's keys and values (attention_config_from_hf, after
@@ -1019,7 +1086,7 @@ inline void read_logit_scale(const json& cfg, model_attention_config& a) {
     require(*a.logit_scale > 0.0 && std::isfinite(*a.logit_scale), "attention_multiplier", "must be finite and > 0",
             *a.logit_scale);
   }
-  if (one_of(mt, {"gemma3n", "gemma3n_text", "gpt_neo"})) a.logit_scale = 1.0;
+  if (one_of(mt, {"gemma3n", "gemma3n_text", "gemma4_text", "gpt_neo"})) a.logit_scale = 1.0;
   if (one_of(mt, {"gpt2", "gpt_bigcode"}) && !get<bool>(cfg, {"scale_attn_weights"}).value_or(true))
     a.logit_scale = 1.0;
   a.scale_by_inverse_layer = mt == "gpt2" && get<bool>(cfg, {"scale_attn_by_inverse_layer_idx"}).value_or(false);
@@ -1180,6 +1247,7 @@ inline void read_stack_heads(const json& cfg, attention_stack stack, model_atten
           a.num_hidden_layers);
 
   if (a.causal) detail::read_window_layers(cfg, a);
+  detail::read_gemma4_geometry(cfg, a);
   detail::read_kv_sharing(cfg, a);
   detail::read_rope_layers(cfg, a);
 
