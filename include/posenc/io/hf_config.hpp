@@ -4,21 +4,23 @@
 //   rope_config_from_hf     RoPE: rope_theta, rope_scaling / rope_parameters (rope_type or legacy
 //                           `type`), partial_rotary_factor, head_dim (or hidden_size /
 //                           num_attention_heads), max_position_embeddings
-//                           (with a layer: that layer's, where sliding layers rotate differently: Gemma 3)
+//                           (with a layer: that layer's, where sliding layers rotate differently: Gemma 3
+//                           and 4; with a stack: that stack's, Moonshine)
 //   alibi_config_from_hf    ALiBi: BLOOM (n_head), Falcon (`alibi: true`, slopes scaled by head_dim^-1/2),
 //                           MPT (attn_config.alibi, attn_config.alibi_bias_max)
 //   t5_config_from_hf       T5: relative_attention_num_buckets, relative_attention_max_distance,
 //                           is_decoder
 //   learned_spec_from_hf    learned absolute: max_position_embeddings, width, row offset (OPT/BART/BioGPT 2)
 //   sinusoidal_spec_from_hf sinusoidal tables a model computes (Marian, Pegasus; fairseq's M2M100 / NLLB,
-//                           XGLM, Speech2Text, FSMT in float32, rows offset by pad_token_id + 1)
+//                           XGLM, Speech2Text, FSMT in float32, rows offset by pad_token_id + 1; MusicGen)
 //   attention_config_from_hf  what a host needs besides the encoding (model_attention_config) for a
 //                           decoder, or for either stack of an encoder-decoder model (attention_stack): heads,
 //                           kv heads, head_dim, the sliding window and which layers use it (Mistral,
 //                           Qwen2, Gemma 2/3, Cohere2, gpt-oss), which layers skip RoPE (Cohere2,
 //                           SmolLM3, EXAONE 4.0), Gemma 2's logit softcap, the logit scale where a model
 //                           sets its own (Gemma, Gemma 3n, Granite, DeepSeek, GPT-Neo, GPT-2, Falcon-H1),
-//                           gpt-oss's attention sinks, Ministral 3's query temperature
+//                           gpt-oss's attention sinks, Ministral 3's query temperature, the layers whose
+//                           heads differ (Gemma 4) or that share another's keys and values (Gemma 3n, 4)
 // and `encoding_from_hf` picks the family from model_type and the keys present, through the table
 // `hf_families()`: a new family (Shaw, Transformer-XL, DeBERTa, TUPE) is one reader function plus one
 // row of that table, and one alternative of hf_encoding::config.
@@ -919,10 +921,10 @@ inline void read_gpt_neo_windows(const json& cfg, model_attention_config& a) {
 /// Which layers slide: layer_types when present; else Gemma 2 the even layers (Gemma2DecoderLayer);
 /// Qwen2 / Qwen3 the layers from max_window_layers on (default 28, Qwen2Config.layer_types; the MoE models
 /// need layer_types, their rule changed between transformers versions); Hunyuan none (its window key is
-/// unused); a
-/// model with a sliding_window_pattern P all but every P-th layer, (i + 1) % P != 0 (Gemma3DecoderLayer,
-/// Cohere2Attention, Olmo3Config; P defaults to 6 for Gemma 3, 4 for Cohere2, OLMo 3 and EXAONE 4.0); GPT-Neo its
-/// local layers (read_gpt_neo_windows); every other model every layer (Mistral).
+/// unused); a model with a sliding_window_pattern P all but every P-th layer, (i + 1) % P != 0
+/// (Gemma3DecoderLayer, Cohere2Attention, Olmo3Config; P defaults to 6 for Gemma 3 and 4, 4 for Cohere2,
+/// OLMo 3 and EXAONE 4.0; Gemma 4's last layer is full); GPT-Neo its local layers (read_gpt_neo_windows);
+/// every other model every layer (Mistral).
 inline void read_window_layers(const json& cfg, model_attention_config& a) {
   const std::string& mt = a.model_type;
   if (mt == "gpt_neo") return read_gpt_neo_windows(cfg, a);
