@@ -95,7 +95,7 @@ struct tile {
         break;
       case product::column_dots:  // Q^T [d x 16] per head in q, S^T [keys x 16] per head
         for (index_t h = 0; h < hs; ++h)
-          dk::column_dots(q.data() + h * rows * d, rows, d, rows_of(h), stride(), n, scores.data() + h * rows * n,
+          dk::column_dots(q.data() + h * rows * d, rows, rows, d, rows_of(h), stride(), n, scores.data() + h * rows * n,
                           rows);
         break;
       case product::add_weighted_rows:  // P^T [keys x 16] per head

@@ -118,6 +118,40 @@ TEST_CASE("decode kernels: queries into the column layout and the pair layout ba
     }
 }
 
+TEST_CASE("decode kernels: column_dots against a double sum, every column row count, awkward widths and key counts",
+          "[kernel][decode]") {
+  namespace dk = posenc::detail;
+  for (Index d : {2, 6, 24, 33, 66, 128, 130, 256, 512})
+    for (Index rows = 5; rows <= 32; rows += rows < 16 ? 1 : 16)
+      for (Index cols : {1, 7, 8, 9, 15, 33}) {
+        const Index lanes = dk::column_packets<float>(rows) * dk::packet_of<float>::width, k_stride = d + 3,
+                    q_stride = d + 1, ld = lanes + 1;
+        if (lanes == 0) continue;
+        std::vector<float> q(static_cast<std::size_t>(rows * q_stride)), k(static_cast<std::size_t>(cols * k_stride)),
+            qc(static_cast<std::size_t>(d * lanes)), st(static_cast<std::size_t>(cols * ld), -9.f);
+        for (std::size_t i = 0; i < q.size(); ++i) q[i] = static_cast<float>(static_cast<int>(i * 29 % 97) - 48) / 32.f;
+        for (std::size_t i = 0; i < k.size(); ++i) k[i] = static_cast<float>(static_cast<int>(i * 41 % 89) - 44) / 32.f;
+        dk::column_queries(q.data(), q_stride, rows, d, lanes, qc.data());
+        dk::column_dots(qc.data(), rows, lanes, d, k.data(), k_stride, cols, st.data(), ld);
+        INFO("d " << d << ", rows " << rows << ", keys " << cols);
+        Index wrong = 0;
+        for (Index j = 0; j < cols; ++j)
+          for (Index r = 0; r < lanes; ++r) {
+            double want = 0, mag = 0;
+            for (Index t = 0; r < rows && t < d; ++t) {
+              const double x = double(q[static_cast<std::size_t>(r * q_stride + t)]) * k[static_cast<std::size_t>(j * k_stride + t)];
+              want += x;
+              mag += std::abs(x);
+            }
+            const double got = st[static_cast<std::size_t>(j * ld + r)];
+            // the lanes past the rows hold 0; the others a float sum of d products, within d ulps of their magnitude
+            wrong += r < rows ? !(std::abs(got - want) <= 1e-7 * static_cast<double>(d) * mag + 1e-30) : got != 0.0;
+          }
+        CHECK(wrong == 0);
+        for (Index j = 0; j < cols; ++j) CHECK(st[static_cast<std::size_t>(j * ld + lanes)] == -9.f);  // ld padding
+      }
+}
+
 #if defined(EIGEN_VECTORIZE_AVX512)
 TEST_CASE("decode kernels: add_weighted_pairs against a double sum, awkward key counts and widths", "[kernel][decode]") {
   namespace dk = posenc::detail;

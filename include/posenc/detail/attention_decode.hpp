@@ -544,7 +544,7 @@ class decode_attention {
       auto& gs = group(sc, hk);
       T* st = scores + hk * n * lanes;
       const auto k = column_key_rows(b, hk, blk, sc);
-      column_dots(gs.q_cols.data(), lanes, dim_, k.data, k.stride, n, st, lanes, k.prefetch);
+      column_dots(gs.q_cols.data(), G, lanes, dim_, k.data, k.stride, n, st, lanes, k.prefetch);
       if (masks_only()) {
         if (!all_visible(b, blk))  // masked in place, down the columns
           mask_scores(b, blk, matrix_map<T>(st, n, lanes, Eigen::OuterStride<>(lanes)).leftCols(G).transpose(), sc);

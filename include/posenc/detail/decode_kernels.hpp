@@ -548,46 +548,65 @@ POSENC_ALWAYS_INLINE __m512 broadcast_pair(const float* x) {
 /// 32/8, d = 128): bench_decode_products' column_dots at 0.97-1.00 of the FMA peak against 0.72-0.75
 /// one dimension at a time; decode steps in paired calls, time with / without, f32 4 rows per query
 /// head 0.94-0.95 (Lk = 1024 to 32768, 1 and 2 threads), 2 rows 0.91, f16 and bf16 4 rows 0.97.
-template <int KB>
+/// NQ = 1 for at most 8 rows: the second packet would hold only zero rows, so it is neither loaded nor
+/// multiplied, and lanes 8-15 of the scores are 0 (column_pair_queries). Paired steps, time with / without,
+/// both load orders (one core of a Zen 5 VM, calls rotating over 384 MiB of caches, Lk = 4096 / 32768;
+/// 8 rows per kv head): Llama-3-70B's 64/8 at d = 128 f32 0.91 / 0.92, f16 0.995 / 0.96; Gemma 4 E2B's
+/// full layers (8/1, d = 512) f32 0.93 / 0.94, f16 1.00 / 1.01; 16 rows 1.00 / 0.99; the same results
+/// bitwise.
+template <int KB, int NQ>
 inline void column_pair_block(const float* qp, index_t d, const float* k, index_t k_stride, float* st, index_t ld,
                               index_t prefetch) {
-  __m512 acc[KB][2];
-  for (auto& a : acc) a[0] = a[1] = _mm512_setzero_ps();
+  __m512 acc[KB][NQ];
+  for (auto& a : acc)
+    for (__m512& x : a) x = _mm512_setzero_ps();
   const float* kr[KB];
   key_row_pointers(k, k_stride, kr);
   sweep_dims<2>(kr, d, prefetch, [&](index_t t) {  // dimensions t, t + 1
-    const __m512 qa = _mm512_loadu_ps(qp + t * 16), qb = _mm512_loadu_ps(qp + t * 16 + 16);
+    __m512 q[NQ];
+    for (int i = 0; i < NQ; ++i) q[i] = _mm512_loadu_ps(qp + t * 16 + i * 16);
     for (int j = 0; j < KB; ++j) {
       const __m512 kb = broadcast_pair(kr[j] + t);
-      acc[j][0] = _mm512_fmadd_ps(kb, qa, acc[j][0]);
-      acc[j][1] = _mm512_fmadd_ps(kb, qb, acc[j][1]);
+      for (int i = 0; i < NQ; ++i) acc[j][i] = _mm512_fmadd_ps(kb, q[i], acc[j][i]);
     }
   });
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-  for (int j = 0; j < KB; ++j)
-    _mm512_storeu_ps(st + j * ld, _mm512_add_ps(_mm512_permutex2var_ps(acc[j][0], even, acc[j][1]),
-                                                _mm512_permutex2var_ps(acc[j][0], odd, acc[j][1])));
+  for (int j = 0; j < KB; ++j) {
+    const __m512 hi = NQ == 2 ? acc[j][NQ - 1] : _mm512_setzero_ps();
+    _mm512_storeu_ps(st + j * ld, _mm512_add_ps(_mm512_permutex2var_ps(acc[j][0], even, hi),
+                                                _mm512_permutex2var_ps(acc[j][0], odd, hi)));
+  }
 }
+
+/// The pair layout's query packets column_pair_block multiplies: 1 for up to 8 rows, else 2.
+constexpr int column_pair_queries(index_t rows) { return rows <= 8 ? 1 : 2; }
 #endif
 
-/// S^T (cols x lanes, row stride ld: row j holds key j's scores for every query row) = K Q^T, from
-/// qc as column_queries lays out Q (query rows as lanes, zero padded to lanes = 1 or 2 packets) and K
-/// (cols x d) rows of T; `prefetch` != 0 prefetches into L2 the line `prefetch` elements past each
-/// line of the key rows (a later head's rows: decode_attention::column_prefetch).
+/// S^T (cols x lanes, row stride ld: row j holds key j's scores for every query row; the lanes past
+/// `rows` 0) = K Q^T, from qc as column_queries lays out Q (query rows as lanes, zero padded to lanes
+/// = 1 or 2 packets) and K (cols x d) rows of T; `prefetch` != 0 prefetches into L2 the line `prefetch`
+/// elements past each line of the key rows (a later head's rows: decode_attention::column_prefetch).
 template <class T>
-void column_dots(const T* qc, index_t lanes, index_t d, const T* k, index_t k_stride, index_t cols, T* st, index_t ld,
-                 index_t prefetch = 0) {
+void column_dots(const T* qc, index_t rows, index_t lanes, index_t d, const T* k, index_t k_stride, index_t cols,
+                 T* st, index_t ld, index_t prefetch = 0) {
 #if defined(EIGEN_VECTORIZE_AVX512)
   if constexpr (std::is_same_v<T, float>) {
     if (column_pairs<T>(lanes, d)) {
-      for_key_blocks<column_block_keys>(cols, [&](auto KB, index_t j) {
-        column_pair_block<KB()>(qc, d, k + j * k_stride, k_stride, st + j * ld, ld, prefetch);
-      });
+      const auto blocks = [&](auto NQ) {
+        for_key_blocks<column_block_keys>(cols, [&](auto KB, index_t j) {
+          column_pair_block<KB(), NQ()>(qc, d, k + j * k_stride, k_stride, st + j * ld, ld, prefetch);
+        });
+      };
+      if (column_pair_queries(rows) == 1)
+        blocks(std::integral_constant<int, 1>{});
+      else
+        blocks(std::integral_constant<int, 2>{});
       return;
     }
   }
 #endif
+  (void)rows;  // the other layouts multiply the padded lanes too (zeros)
   if (lanes == packet_of<T>::width)
     column_dots_n<1>(qc, d, k, k_stride, cols, st, ld, prefetch);
   else
