@@ -385,6 +385,14 @@ namespace detail {
          get<std::string>(cfg, {"position_embedding_type"}).value_or("") != "rope";
 }
 
+/// The head size of Gemma 4's full-attention layers (Gemma4TextConfig.global_head_dim, default 512), for
+/// their RoPE and their attention alike.
+[[nodiscard]] inline index_t gemma4_global_head_dim(const json& cfg) {
+  const index_t d = get<index_t>(cfg, {"global_head_dim"}).value_or(512);
+  require(d > 0, "global_head_dim", "must be > 0", d);
+  return d;
+}
+
 /// rope_config_from_hf for the layers of `layer_kind` ("full_attention" or "sliding_attention") of `cfg`
 /// (already the text part), in `stack` of an encoder-decoder model.
 [[nodiscard]] inline rope_config rope_config_of(const json& cfg, std::string_view layer_kind,
@@ -447,7 +455,7 @@ namespace detail {
   if (auto h = get<index_t>(cfg, {"qk_rope_head_dim"}); h && deepseek) {
     r.head_dim = *h;  // MLA: only the decoupled rope part of each head (its last qk_rope_head_dim dims) rotates
   } else if (mt == "gemma4_text" && layer_kind == "full_attention") {
-    r.head_dim = get<index_t>(cfg, {"global_head_dim"}).value_or(512);  // Gemma4TextAttention's full layers
+    r.head_dim = gemma4_global_head_dim(cfg);  // Gemma4TextAttention's full layers
   } else {
     // Moonshine keeps no num_attention_heads: each stack's rotary embedding is built while the config's
     // num_attention_heads (attribute_map: encoder_num_attention_heads) holds that stack's own count
@@ -923,8 +931,8 @@ inline void read_gpt_neo_windows(const json& cfg, model_attention_config& a) {
 /// need layer_types, their rule changed between transformers versions); Hunyuan none (its window key is
 /// unused); a model with a sliding_window_pattern P all but every P-th layer, (i + 1) % P != 0
 /// (Gemma3DecoderLayer, Cohere2Attention, Olmo3Config; P defaults to 6 for Gemma 3 and 4, 4 for Cohere2,
-/// OLMo 3 and EXAONE 4.0; Gemma 4's last layer is full); GPT-Neo its local layers (read_gpt_neo_windows);
-/// every other model every layer (Mistral).
+/// OLMo 3 and EXAONE 4.0; read_gemma4_geometry makes Gemma 4's last layer full); GPT-Neo its local layers
+/// (read_gpt_neo_windows); every other model every layer (Mistral).
 inline void read_window_layers(const json& cfg, model_attention_config& a) {
   const std::string& mt = a.model_type;
   if (mt == "gpt_neo") return read_gpt_neo_windows(cfg, a);
@@ -958,8 +966,6 @@ inline void read_window_layers(const json& cfg, model_attention_config& a) {
               kind);
       a.sliding_layers.push_back(kind == "sliding_attention");
     }
-    // Gemma4TextConfig.__post_init__ forces the last layer to full_attention (with a warning)
-    if (mt == "gemma4_text" && !a.sliding_layers.empty()) a.sliding_layers.back() = false;
     return;
   }
   if (a.sliding_window == 0) return;
@@ -982,13 +988,12 @@ inline void read_window_layers(const json& cfg, model_attention_config& a) {
     if (qwen) return i >= first_window_layer;
     return (i + 1) % *pattern != 0;
   });
-  if (mt == "gemma4_text") a.sliding_layers.back() = false;  // Gemma4TextConfig: the last layer is full
 }
 
 /// Gemma 4's two head shapes (attention_config_from_hf, after read_window_layers; Gemma4TextAttention): a
 /// full-attention layer has global_head_dim (default 512) wide heads, and with attention_k_eq_v
 /// num_global_key_value_heads kv heads (default num_key_value_heads) whose values are the keys' projection.
-/// The sliding layers keep head_dim and num_key_value_heads. A bidirectional text stack
+/// The sliding layers keep head_dim and num_key_value_heads; the last layer is always full. A bidirectional text stack
 /// (use_bidirectional_attention "all": a symmetric window of sliding_window / 2 + 1) is refused; "vision"
 /// makes only an image's own tokens see each other, text stays causal.
 inline void read_gemma4_geometry(const json& cfg, model_attention_config& a) {
@@ -996,8 +1001,10 @@ inline void read_gemma4_geometry(const json& cfg, model_attention_config& a) {
   const auto bidirectional = get<std::string>(cfg, {"use_bidirectional_attention"});
   require(bidirectional.value_or("") != "all", "use_bidirectional_attention",
           "all (Gemma 4's bidirectional text attention) is not supported: posenc's window is causal", "all");
-  const index_t global_head_dim = get<index_t>(cfg, {"global_head_dim"}).value_or(512);
-  require(global_head_dim > 0, "global_head_dim", "must be > 0", global_head_dim);
+  // Gemma4TextConfig.__post_init__ forces the last layer to full_attention (with a warning), whether
+  // layer_types listed it or its default pattern made it
+  if (!a.sliding_layers.empty()) a.sliding_layers.back() = false;
+  const index_t global_head_dim = gemma4_global_head_dim(cfg);
   const bool k_eq_v = get<bool>(cfg, {"attention_k_eq_v"}).value_or(false);
   const index_t global_kv = k_eq_v ? get<index_t>(cfg, {"num_global_key_value_heads"}).value_or(a.num_key_value_heads)
                                    : a.num_key_value_heads;
