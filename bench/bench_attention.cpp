@@ -449,13 +449,14 @@ double fma_seconds(double macs, Eigen::ThreadPool* pool, std::vector<float>& kee
 }
 
 /// A step's multiply-adds fed by the cache itself, with nothing else: K and V read once in address
-/// order, split over the pool's threads, each packet multiplied into F of 16 register-only chains (F
+/// order, split over the pool's threads, each packet multiplied into F of C register-only chains (F
 /// packet FMAs per packet is F multiply-adds per element: 16 for 16 query rows per kv head, 4 for 4),
 /// each 64-byte line prefetching into L1 the line 4 KiB further (as cache_reader). With F < 16 the
-/// packets take the chains in turn (16 / F packets a round), so that no chain's latency sets the pace.
+/// packets take the chains in turn (C / F packets a round), so that no chain's latency sets the pace.
+/// C = bench_util::fma_chains: 16 chains on 16 registers spilled.
 template <int F>
 struct streamed_fmas {
-  static constexpr int chains = 16, round = F >= chains ? 1 : chains / F;
+  static constexpr int chains = bench_util::fma_chains, round = F >= chains ? 1 : chains / F;
   static_assert(F % chains == 0 || chains % F == 0, "the rounds cover the chains evenly");
   std::vector<const std::vector<float>*> x;
   std::vector<float> sums;  // one slot per part
@@ -468,7 +469,7 @@ struct streamed_fmas {
     P c[chains];
     for (P& a : c) a = in::pset1<P>(0.f);
     const P m = in::pset1<P>(0.9999f);
-    // packet i + g of a round feeds chains g F .. g F + F - 1 (modulo 16); g is a compile-time
+    // packet i + g of a round feeds chains g F .. g F + F - 1 (modulo C); g is a compile-time
     // constant, so that the chains stay in registers
     const auto packet = [&](const float* p, std::size_t i, auto g) {
       if (i * W % line == 0) __builtin_prefetch(p + i * W + ahead, 0, 3);

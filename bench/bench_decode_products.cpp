@@ -1,8 +1,8 @@
 // bench/bench_decode_products.cpp — the decode step's products against the core's FMA peak.
 //
 // Each product of detail/decode_kernels.hpp on one 32-key tile of the 8 kv heads (d = 128, f32), as
-// the decode step calls it, timed back to back with a loop of as many register-only FMAs in 16
-// independent chains (the peak): counter of_peak = time(FMA loop) / time(product), the fraction of
+// the decode step calls it, timed back to back with a loop of as many register-only FMAs in
+// independent chains (the peak, fma_peak.hpp): counter of_peak = time(FMA loop) / time(product), the fraction of
 // the FMA peak the product runs at, paired so that the VM's drift cancels (pairs.hpp).
 //   BM_decode_products/<product>/layout:<l>
 //     product  row_dots           S = Q K^T, 4 query rows per kv head (the 1-row GQA 32/8 step),
