@@ -879,7 +879,12 @@ void unpair_rows(const T* oc, index_t rows, index_t dv, T* acc) {
 
 /// R output rows, N packets each from column t: o_r[t .. t+N*W) += sum_j p_r[j] v_j[t .. t+N*W), the
 /// R x N accumulators in registers, each value packet loaded once for the R rows; `prefetch` as
-/// add_weighted.
+/// add_weighted. Lines are found from the block's first column, so a block narrower than a line (f16 /
+/// bf16 values with AVX2: 2 packets, 32 bytes) prefetches each line twice. Once per line took 1.05-1.10x
+/// the time at Lk = 4096 and 32768 on a Zen 3 VM (1 row, GQA 32/8, d = 128, f16, paired
+/// calls rotating over 512 MiB of caches); a prefetch at every packet, here and in row_dots_block
+/// (twice per line for f32 too), 0.97-0.99x for f32 and 0.94-1.00x for f16 there: not kept, 2-4 % on
+/// one machine.
 template <int R, int N, int Locality = to_l2, class T, class KV>
 POSENC_ALWAYS_INLINE void add_weighted_block(const T* p, index_t p_stride, const KV* v, index_t v_stride, index_t cols,
                                              T* o, index_t o_stride, index_t prefetch) {
