@@ -465,26 +465,28 @@ class decode_attention {
   }
 
   /// Whether run_tile sums the values a few keys at a time across the kv heads (in address order, as
-  /// the scores read the keys) instead of head by head: f32 values read in place, the heads of a
-  /// token adjacent, a token's values at most decode_value_chunk_row_bytes (decode_kernels.hpp
-  /// decode_value_chunk_keys), and the tokens adjacent too. On token rows padded past their heads
-  /// (64 bytes, a strided view) the sweep cost: head by head took 0.87-0.92x its time (1 row, GQA
-  /// 32/8, d = 128, Lk = 4096 and 32768, 1 and 2 threads, Zen 5 VM, both in turns in one process),
-  /// where on the dense cache the two measured 0.96-1.04 of each other that day.
-  static constexpr bool values_sweepable = values_direct && std::is_same_v<KV, float>;
+  /// the scores read the keys) instead of head by head: f32, f16 or bf16 values read in place, the
+  /// heads of a token adjacent, a chunk of tokens' values at most decode_value_chunk_keys f32 rows of
+  /// decode_value_chunk_row_bytes (decode_kernels.hpp value_chunk_keys), and the tokens adjacent
+  /// too. On token rows padded past their heads (64 bytes, a strided view) the sweep cost: head by
+  /// head took 0.87-0.92x its time (1 row, GQA 32/8, d = 128, Lk = 4096 and 32768, 1 and 2 threads,
+  /// Zen 5 VM, both in turns in one process), where on the dense cache the two measured 0.96-1.04 of
+  /// each other that day. The column layout sums its values its own way (run_tile_columns).
+  static constexpr bool values_sweepable = values_direct && sizeof(KV) <= sizeof(float);
   [[nodiscard]] bool values_swept() const {
     if constexpr (values_sweepable)
-      return keys_swept() && v_.head_stride() == vdim_ && v_.token_stride() == kv_heads_ * vdim_ &&
-             kv_heads_ * vdim_ * static_cast<index_t>(sizeof(KV)) <= decode_value_chunk_row_bytes;
+      return keys_swept() && !column_scores() && v_.head_stride() == vdim_ && v_.token_stride() == kv_heads_ * vdim_ &&
+             value_chunk_keys<KV> * kv_heads_ * vdim_ * static_cast<index_t>(sizeof(KV)) <=
+                 decode_value_chunk_keys * decode_value_chunk_row_bytes;
     return false;
   }
 
-  /// O += P V for every kv head of the item, decode_value_chunk_keys keys at a time across the heads,
+  /// O += P V for every kv head of the item, value_chunk_keys keys at a time across the heads,
   /// each chunk prefetching the next one's rows (into L1 or L2: with_sweep_locality; none past the
   /// item's last tile).
   void add_values_across_heads(index_t b, const key_block& blk, const T* scores, decode_scratch<T>& sc) const {
     if constexpr (values_sweepable) {
-      const index_t G = rows_, n = blk.cols, chunk = decode_value_chunk_keys;
+      const index_t G = rows_, n = blk.cols, chunk = value_chunk_keys<KV>;
       with_sweep_locality([&](auto L) {
         for (index_t j0 = 0; j0 < n; j0 += chunk)
           for (index_t hk = sc.head_first; hk < sc.head_end; ++hk)
@@ -495,7 +497,7 @@ class decode_attention {
     }
   }
 
-  /// Prefetches the tile's first chunk of values (decode_value_chunk_keys rows of the item's kv heads)
+  /// Prefetches the tile's first chunk of values (value_chunk_keys rows of the item's kv heads)
   /// into L1 or L2 (with_sweep_locality), between the scores and the softmax steps. Each chunk of the
   /// sweep prefetches the next, so the first was prefetched by the previous tile's last chunk, and the
   /// tile's keys (256 KiB with f32, 8 kv heads of 128) pushed it out of L1 before it was read; fetched
@@ -504,7 +506,7 @@ class decode_attention {
   /// 0.99, at Lk = 4096 and 32768 on 1 and 2 threads; the first two chunks 1.00, and two more into L2
   /// besides 1.015-1.017.
   void prefetch_first_values(index_t b, const key_block& blk, const decode_scratch<T>& sc) const {
-    const index_t rows = std::min(decode_value_chunk_keys, blk.cols);
+    const index_t rows = std::min(value_chunk_keys<KV>, blk.cols);
     const index_t elements = (rows - 1) * v_.token_stride() + (sc.head_end - sc.head_first) * vdim_;
     with_sweep_locality([&](auto L) {
       prefetch_lines<0, L()>(v_.row(b, blk.first, sc.head_first), elements * static_cast<index_t>(sizeof(KV)));
