@@ -183,15 +183,16 @@ inline void with_sweep_locality(F&& f) {
 /// 1024 keys 0.91.
 /// Chunks of 4 keys with the L2 prefetch measured 1.10 before, f32 chunks of 8 1.02; f16 and bf16
 /// (2 KiB rows) with chunks of 8 0.96-1.05 and chunks of 4 1.06-1.08. Half values are swept in chunks
-/// of 8 keys (value_chunk_keys), for a core with a 32 KiB L1: the same calls on a Zen 3 VM (into L2),
+/// of 8 keys (value_chunk_keys) on every core: the same calls on a Zen 3 VM (32 KiB L1, into L2),
 /// against head by head, f16 0.87-0.91 (Lk = 4096, 32768) and 0.94 in L3 (Lk = 1024), bf16 0.87-0.94
-/// and 0.90; chunks of 4 f16 0.85-0.94 and 0.99.
+/// and 0.90; chunks of 4 f16 0.85-0.94 and 0.99. Not measured again on a 48 KiB L1.
 /// The chunks cost compute (the accumulators loaded and stored every chunk: 150 ns per key against
 /// 90 head by head, Zen 4 VM, in L2), and every cheaper order tried there gave it back from DRAM
 /// (paired, f32 1 row, time in L3 / from DRAM: chunks of 8 0.90 / 0.96-1.00, of 16 0.85 / 1.01-1.02,
 /// head by head 0.78-0.83 / 0.90-1.06; docs/decode-measurements.md, Zen 4).
 inline constexpr index_t decode_value_chunk_keys = 4;
-/// The largest token row of values (all kv heads) summed that way: two chunks within 32 KiB.
+/// The largest f32 token row of values (all kv heads) summed that way: two chunks within 32 KiB
+/// (value_chunk_keys keeps a chunk of half values within the same bytes).
 inline constexpr index_t decode_value_chunk_row_bytes = 4096;
 /// Keys per chunk for values stored as KV: the bytes of decode_value_chunk_keys f32 keys, so 8 keys of
 /// f16 / bf16 (whose token rows may then be 2 KiB at most).
