@@ -185,9 +185,9 @@ inline void with_sweep_locality(F&& f) {
 /// (2 KiB rows) with chunks of 8 0.96-1.05 and chunks of 4 1.06-1.08. Half values are swept in chunks
 /// of 8 keys (value_chunk_keys) on every core: the same calls on a Zen 3 VM (32 KiB L1, into L2),
 /// against head by head, f16 0.87-0.91 (Lk = 4096, 32768) and 0.94 in L3 (Lk = 1024), bf16 0.87-0.94
-/// and 0.90; chunks of 4 f16 0.85-0.94 and 0.99. On a Zen 5 VM (48 KiB L1, into L1), against the
-/// head-by-head code of that time: f16 0.86-0.94 (Lk = 4096, 32768), bf16 0.90-0.98, in L3
-/// (Lk = 1024) f16 0.96-1.05, bf16 0.98; 4 rows (the column layout) and f32 1.00.
+/// and 0.90; chunks of 4 f16 0.85-0.94 and 0.99. Measured again on a Zen 5 VM (48 KiB L1, into L1),
+/// against head by head: f16 0.86-0.94 (Lk = 4096, 32768), bf16 0.90-0.98, in L3 (Lk = 1024) f16
+/// 0.96-1.05, bf16 0.98; 4 rows (the column layout) and f32 1.00.
 /// The chunks cost compute (the accumulators loaded and stored every chunk: 150 ns per key against
 /// 90 head by head, Zen 4 VM, in L2), and every cheaper order tried there gave it back from DRAM
 /// (paired, f32 1 row, time in L3 / from DRAM: chunks of 8 0.90 / 0.96-1.00, of 16 0.85 / 1.01-1.02,
