@@ -486,13 +486,12 @@ class decode_attention {
   /// item's last tile).
   void add_values_across_heads(index_t b, const key_block& blk, const T* scores, decode_scratch<T>& sc) const {
     if constexpr (values_sweepable) {
-      const index_t G = rows_, n = blk.cols, chunk = value_chunk_keys<KV>;
+      const index_t G = rows_, n = blk.cols, chunk = value_chunk_keys<KV>, ahead = rows_ahead(v_, chunk, sc);
       with_sweep_locality([&](auto L) {
         for (index_t j0 = 0; j0 < n; j0 += chunk)
           for (index_t hk = sc.head_first; hk < sc.head_end; ++hk)
             add_weighted<L()>(scores + hk * G * n + j0, n, G, v_.row(b, blk.first + j0, hk), v_.token_stride(),
-                              std::min(chunk, n - j0), vdim_, group(sc, hk).acc.data(), vdim_,
-                              rows_ahead(v_, chunk, sc));
+                              std::min(chunk, n - j0), vdim_, group(sc, hk).acc.data(), vdim_, ahead);
       });
     }
   }
